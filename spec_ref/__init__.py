@@ -1,0 +1,60 @@
+"""spec_ref: the exact, float64 NumPy/SciPy reference for multi-path speculative decoding.
+
+Pure functions, randomness passed in through one small protocol (:mod:`spec_ref.rng`), frozen results,
+``ValueError`` naming the bad argument. The same code runs in exact rational arithmetic when given
+``fractions.Fraction`` probabilities, which is how :func:`exact_law` proves laws with ``==``.
+No torch import anywhere in this package.
+"""
+
+from spec_ref.decoding import decoding_operator, greedy_token, validate_sampling_params
+from spec_ref.rng import (
+    ExactLaw,
+    GeneratorSource,
+    NodeReplaySource,
+    RandomSource,
+    ReplaySource,
+    as_source,
+    exact_law,
+)
+from spec_ref.solvers import (
+    SOLVERS,
+    KhistiSolver,
+    NaiveSolver,
+    NSSSolver,
+    Solver,
+    SolverPlan,
+    SpecInferSolver,
+    SpecTrSolver,
+    accept_probability,
+    acceptance_by_enumeration,
+    rho_star,
+)
+from spec_ref._sampling import accept, inverse_cdf, residual
+
+__all__ = [
+    "decoding_operator",
+    "greedy_token",
+    "validate_sampling_params",
+    "ExactLaw",
+    "GeneratorSource",
+    "NodeReplaySource",
+    "RandomSource",
+    "ReplaySource",
+    "as_source",
+    "exact_law",
+    "SOLVERS",
+    "Solver",
+    "SolverPlan",
+    "NSSSolver",
+    "NaiveSolver",
+    "SpecTrSolver",
+    "SpecInferSolver",
+    "KhistiSolver",
+    "accept_probability",
+    "acceptance_by_enumeration",
+    "rho_star",
+    "accept",
+    "inverse_cdf",
+    "residual",
+]
+# --- tree-level API (issue 3) is re-exported below this line ---
