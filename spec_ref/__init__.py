@@ -57,4 +57,7 @@ __all__ = [
     "inverse_cdf",
     "residual",
 ]
+from spec_ref.tree import PROCESSES, DraftTree, Model
+
+__all__ += ["DraftTree", "Model", "PROCESSES"]
 # --- tree-level API (issue 3) is re-exported below this line ---

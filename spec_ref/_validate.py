@@ -107,7 +107,8 @@ def probability_vector(values: Any, name: str, *, exact: bool | None = None, siz
     total = arr.sum()
     if abs(float(total) - 1.0) > SUM_TOLERANCE:
         raise ValueError(f"{name} must sum to 1 (within {SUM_TOLERANCE}), got sum({name})={float(total)!r}")
-    return arr / total
+    normalised: Vector = arr / total
+    return normalised
 
 
 def probability_pair(target_probs: Any, draft_probs: Any) -> tuple[Vector, Vector]:

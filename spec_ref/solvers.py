@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 
-def _one(reference: Vector) -> Scalar:
+def _one(reference: Vector) -> Any:
     return Fraction(1) if is_exact(reference) else 1.0
 
 
@@ -257,7 +257,7 @@ def rho_star(target_probs: Vector, draft_probs: Vector, k: int, iterations: int 
     """
     one = _one(target_probs)
     if k <= 1:
-        return one
+        return one  # type: ignore[no-any-return]
     lo, hi = one, one * k
     for _ in range(iterations):
         mid = (lo + hi) / 2
@@ -266,7 +266,7 @@ def rho_star(target_probs: Vector, draft_probs: Vector, k: int, iterations: int 
             hi = mid
         else:
             lo = mid
-    return hi
+    return hi  # type: ignore[no-any-return]
 
 
 class SpecTrSolver(Solver):
@@ -321,7 +321,7 @@ class SpecTrSolver(Solver):
         one = _one(p)
         beta, accept_all, rho = plan.extras["beta"], plan.extras["accept_all"], plan.extras["rho"]
         if beta >= 1:
-            return one
+            return one  # type: ignore[no-any-return]
         # Alg 8 (correct): after k rejections each draw has law r = (q - p/rho)_+ / (1 - beta).
         rejected_law = positive_part(q - p / rho) / (one - beta)
         hit = (plan.extras["residual"] * (one - (one - rejected_law) ** k)).sum()

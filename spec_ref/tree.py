@@ -11,8 +11,11 @@ At each node u:
   every child's token appears in ``draws[u]``.
 * ``draft_probs[u]`` is q_u, the distribution u's draws were *actually sampled* from (``None`` when u has no
   draws, or on a deterministic tree where q_u is a point mass at each drafted token).
-* ``deterministic`` marks trees drafted by argmax/top-k expansion; on those the only lossless sampling
-  verifier is NSS (ALGORITHMS.md section 2), and sibling tokens are distinct.
+* ``process`` says how the draws were made: ``"iid"`` (i.i.d. from q_u, the default), ``"deterministic"``
+  (argmax/top-k expansion: q_u is a point mass at each drafted token, sibling tokens are distinct, and the
+  only lossless sampling verifier is NSS, ALGORITHMS.md section 2) or ``"without_replacement"`` (distinct
+  siblings sampled successively without replacement: lossy under any i.i.d. verifier, TESTING.md 0.8;
+  verifiers must refuse it unless they are built for it).
 
 Target and draft distributions are given by *models*: functions ``prefix (tuple of token ids after the
 root) -> probabilities [V]``, so tests can use context-dependent tables.
@@ -26,7 +29,10 @@ from typing import Any
 
 from spec_ref._validate import Vector, probability_vector
 
-__all__ = ["DraftTree", "Model"]
+__all__ = ["DraftTree", "Model", "PROCESSES"]
+
+#: How a tree's draws were made (see the module docstring).
+PROCESSES = ("iid", "deterministic", "without_replacement")
 
 #: A model maps a prefix (token ids after the root) to a next-token distribution [V].
 Model = Callable[[tuple[int, ...]], Any]
@@ -44,12 +50,14 @@ class DraftTree:
     parents: tuple[int, ...]
     draws: tuple[tuple[int, ...], ...]
     draft_probs: tuple[Vector | None, ...]
-    deterministic: bool = False
+    process: str = "iid"
     depths: tuple[int, ...] = field(init=False)
     children: tuple[dict[int, int], ...] = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if self.process not in PROCESSES:
+            raise ValueError(f"process={self.process!r} must be one of {PROCESSES}")
         if n == 0:
             raise ValueError("a DraftTree needs at least the root node, got tokens=()")
         for name, seq in (("parents", self.parents), ("draws", self.draws), ("draft_probs", self.draft_probs)):
@@ -84,8 +92,8 @@ class DraftTree:
                 raise ValueError(
                     f"draws[{u}]={self.draws[u]} must list exactly the child tokens {sorted(children[u])} of node {u}"
                 )
-            if self.deterministic and len(distinct) != len(self.draws[u]):
-                raise ValueError(f"draws[{u}]={self.draws[u]} repeats a token on a deterministic tree")
+            if self.process != "iid" and len(distinct) != len(self.draws[u]):
+                raise ValueError(f"draws[{u}]={self.draws[u]} repeats a token on a {self.process} tree")
             q = self.draft_probs[u]
             if q is not None:
                 for t in self.draws[u]:
@@ -100,6 +108,10 @@ class DraftTree:
         object.__setattr__(self, "children", tuple(children))
 
     # ----- structure ---------------------------------------------------------------------------------
+    @property
+    def deterministic(self) -> bool:
+        return self.process == "deterministic"
+
     @property
     def num_nodes(self) -> int:
         return len(self.tokens)
@@ -175,6 +187,5 @@ class DraftTree:
         return DraftTree(tokens, parents, draws, probs)
 
     def __repr__(self) -> str:
-        kind = "deterministic" if self.deterministic else "sampled"
-        return f"DraftTree(N={self.num_nodes}, depth={self.max_depth}, {kind}, draws={self.draws})"
+        return f"DraftTree(N={self.num_nodes}, depth={self.max_depth}, {self.process}, draws={self.draws})"
 
