@@ -1,7 +1,7 @@
 """The decoding operator G: temperature -> top-k -> top-p -> softmax (ALGORITHMS.md section 2).
 
 Losslessness is always relative to G(target logits): speculative decoding reproduces ordinary sampling
-with the same (temperature, top_k, top_p), not raw-softmax sampling (proofs/T12_decoding_operator.md).
+with the same (temperature, top_k, top_p), not raw-softmax sampling (proofs/T08_decoding_operator.md).
 """
 
 from __future__ import annotations
