@@ -31,6 +31,17 @@ Scalar = Union[float, Fraction]
 SUM_TOLERANCE = 1e-6
 
 
+def show(value: Any) -> str:
+    """A plain rendering of a scalar for error messages (``nan``, ``-0.5``, ``1/3``)."""
+    if isinstance(value, Fraction):
+        return str(value)
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    return repr(value)
+
+
 def is_exact(array: Vector) -> bool:
     """True when ``array`` is an exact-mode (``object``/Fraction) array."""
     return bool(array.dtype == object)
@@ -99,11 +110,11 @@ def probability_vector(values: Any, name: str, *, exact: bool | None = None, siz
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name} must be finite, got {name}[{i}]={arr[i]!r}")
+            raise ValueError(f"{name} must be finite, got {name}[{i}]={show(arr[i])}")
     negative = [i for i in range(arr.shape[0]) if arr[i] < 0]
     if negative:
         i = negative[0]
-        raise ValueError(f"{name} must be non-negative, got {name}[{i}]={arr[i]!r}")
+        raise ValueError(f"{name} must be non-negative, got {name}[{i}]={show(arr[i])}")
     total = arr.sum()
     if abs(float(total) - 1.0) > SUM_TOLERANCE:
         raise ValueError(f"{name} must sum to 1 (within {SUM_TOLERANCE}), got sum({name})={float(total)!r}")
@@ -140,7 +151,7 @@ def draft_token_tuple(draft_tokens: Sequence[int] | npt.NDArray[Any], draft_prob
     for j, token in enumerate(tokens):
         if not draft_probs[token] > 0:
             raise ValueError(
-                f"draft_tokens[{j}]={token} has draft_probs[{token}]={draft_probs[token]!r}; a drafted token "
+                f"draft_tokens[{j}]={token} has draft_probs[{token}]={show(draft_probs[token])}; a drafted token "
                 "must have positive draft probability (was it drawn from a different distribution?)"
             )
     return tokens
