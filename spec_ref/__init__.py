@@ -61,3 +61,6 @@ from spec_ref.tree import PROCESSES, DraftTree, Model
 
 __all__ += ["DraftTree", "Model", "PROCESSES"]
 # --- tree-level API (issue 3) is re-exported below this line ---
+from spec_ref.verify import METHODS, VerifyResult, verify
+
+__all__ += ["METHODS", "VerifyResult", "verify"]
