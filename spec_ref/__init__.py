@@ -64,3 +64,18 @@ __all__ += ["DraftTree", "Model", "PROCESSES"]
 from spec_ref.verify import METHODS, VerifyResult, verify
 
 __all__ += ["METHODS", "VerifyResult", "verify"]
+from spec_ref.efficiency import (
+    accepted_depth_law,
+    estimate_block_efficiency,
+    exact_block_efficiency,
+    expected_block_efficiency,
+    sample_delayed_tree,
+)
+
+__all__ += [
+    "accepted_depth_law",
+    "estimate_block_efficiency",
+    "exact_block_efficiency",
+    "expected_block_efficiency",
+    "sample_delayed_tree",
+]

@@ -71,14 +71,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import Any, Literal
 
 import numpy as np
 
 from spec_ref._sampling import accept, positive_part, residual
-from spec_ref._validate import Vector, any_exact, probability_vector, to_mode
+from spec_ref._validate import Vector, any_exact, is_exact, probability_vector, to_mode
 from spec_ref.rng import RandomSource, as_source
-from spec_ref.solvers import KhistiSolver, NaiveSolver, NSSSolver, Solver, SpecInferSolver, SpecTrSolver
+from spec_ref.solvers import SOLVERS, KhistiSolver, Solver, SolverPlan, SpecInferSolver, SpecTrSolver
 from spec_ref.tree import DraftTree, Model
 
 __all__ = [
@@ -91,6 +92,8 @@ __all__ = [
     "TreeProbabilities",
     "tree_probabilities",
     "ot_solver",
+    "node_plan",
+    "check_method",
     "path_zero",
     "bv_acceptances",
     "greedy_argmax",
@@ -199,25 +202,54 @@ def tree_probabilities(tree: DraftTree, target_model: Model) -> TreeProbabilitie
 def ot_solver(method: str, options: Mapping[str, Any]) -> Solver:
     """The token-level solver an OT method runs at every node, configured from ``options``."""
     if method == "nss":
-        return NSSSolver()
+        return SOLVERS["nss"]
     if method == "naive_tree":
-        return NaiveSolver()
+        return SOLVERS["naive"]
     if method == "spectr":
         iterations = options.get("spectr_iterations", 64)
         if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
             raise ValueError(f"spectr_iterations must be an integer >= 1, got spectr_iterations={iterations!r}")
-        return SpecTrSolver(iterations)
+        return _spectr(iterations)
     if method == "specinfer":
         order = options.get("specinfer_order", "uniform")
         if order not in ("uniform", "draw"):
             raise ValueError(f"specinfer_order must be 'uniform' or 'draw', got specinfer_order={order!r}")
-        return SpecInferSolver(order)
+        return _specinfer(order)
     if method == "khisti":
         truncation = options.get("khisti_truncation", 5)
         if isinstance(truncation, bool) or not isinstance(truncation, int) or truncation < 1:
             raise ValueError(f"khisti_truncation must be an integer >= 1, got khisti_truncation={truncation!r}")
-        return KhistiSolver(truncation)
+        return _khisti(truncation)
     raise ValueError(f"method={method!r} is not an OT method {OT_METHODS}")
+
+
+def node_plan(solver: Solver, target_probs: Vector, draft_probs: Vector, k: int) -> SolverPlan:
+    """``solver.plan(target_probs, draft_probs, k)``, memoised on the values (plans are deterministic).
+
+    SpecTr's bisection and Khisti's pair LPs depend on (p_u, q_u, k) only; the exact enumerator calls a
+    verifier thousands of times on the same nodes, so the plan is computed once per distinct input.
+    """
+    return _cached_plan(solver, tuple(target_probs.tolist()), tuple(draft_probs.tolist()), k, is_exact(target_probs))
+
+
+@lru_cache(maxsize=4096)
+def _cached_plan(solver: Solver, target: tuple[Any, ...], draft: tuple[Any, ...], k: int, exact: bool) -> SolverPlan:
+    return solver.plan(list(target), list(draft), k) if exact else solver.plan(np.asarray(target), np.asarray(draft), k)
+
+
+@lru_cache(maxsize=None)
+def _spectr(iterations: int) -> Solver:  # one instance per configuration, so plans memoise across calls
+    return SpecTrSolver(iterations)
+
+
+@lru_cache(maxsize=None)
+def _specinfer(order: Literal["uniform", "draw"]) -> Solver:
+    return SpecInferSolver(order)
+
+
+@lru_cache(maxsize=None)
+def _khisti(truncation: int) -> Solver:
+    return KhistiSolver(truncation)
 
 
 def check_method(tree: DraftTree, method: Any, options: Mapping[str, Any]) -> str:
@@ -301,7 +333,7 @@ def _ot_verify(tree: DraftTree, probs: TreeProbabilities, solver: Solver, rng: R
         if not draws or solver.name == "nss":
             token = stream.categorical(probs.target[u])  # leaf bonus, or NSS's y ~ p_u
         else:
-            plan = solver.plan(probs.target[u], _draft_or_dummy(probs, u), len(draws))
+            plan = node_plan(solver, probs.target[u], _draft_or_dummy(probs, u), len(draws))
             token = solver.sample_planned(plan, draws, stream)
         if not draws:
             return u, token
