@@ -79,3 +79,44 @@ __all__ += [
     "expected_block_efficiency",
     "sample_delayed_tree",
 ]
+# issue 3 part B: drafting, tensorisation, dual draft, DynaTree, NDE selector math
+from spec_ref.drafting import ScoredDraftTree, draft_delayed_tree, draft_iid_tree, draft_topk_tree
+from spec_ref.tensorize import TensorizedTree, tensorize, tensorize_structure
+from spec_ref.dual import (
+    MergedGreedyResult,
+    MergedTree,
+    RouteResult,
+    mean_confidence,
+    mean_tokens_per_step,
+    merge_trees,
+    route,
+    tokens_per_step,
+    verify_merged_greedy,
+)
+from spec_ref.dynatree import DynaTreeHistory, DynaTreeParams, adjusted_params, draft_dynatree, update_history
+from spec_ref import selector
+
+__all__ += [
+    "ScoredDraftTree",
+    "draft_delayed_tree",
+    "draft_iid_tree",
+    "draft_topk_tree",
+    "TensorizedTree",
+    "tensorize",
+    "tensorize_structure",
+    "MergedTree",
+    "MergedGreedyResult",
+    "RouteResult",
+    "merge_trees",
+    "route",
+    "mean_confidence",
+    "tokens_per_step",
+    "mean_tokens_per_step",
+    "verify_merged_greedy",
+    "DynaTreeParams",
+    "DynaTreeHistory",
+    "draft_dynatree",
+    "update_history",
+    "adjusted_params",
+    "selector",
+]
