@@ -254,6 +254,8 @@ def _khisti(truncation: int) -> Solver:
 
 def check_method(tree: DraftTree, method: Any, options: Mapping[str, Any]) -> str:
     """Validate ``method`` and ``options`` and refuse the lossy (tree process, method) combinations."""
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a spec_ref.DraftTree, got {type(tree).__name__}")
     if method not in METHODS:
         raise ValueError(f"method={method!r} must be one of {METHODS}")
     allowed = _OPTIONS.get(method, ())
