@@ -170,7 +170,11 @@ class DynaTreeHistory:
 
 
 def adjusted_params(params: DynaTreeParams, history: DynaTreeHistory) -> DynaTreeParams:
-    """The effective parameters for the next draft (module docstring, HISTORY ADJUSTMENT)."""
+    """The effective parameters for the next draft (module docstring, HISTORY ADJUSTMENT).
+
+    Adjusted parameters carry ``threshold_step = 0``: they are the result of the schedule, not an input
+    to it (and a shifted ``tau_high`` plus the step may reach 1).
+    """
     if not isinstance(params, DynaTreeParams):
         raise ValueError(f"params must be a DynaTreeParams, got {type(params).__name__}")
     if not isinstance(history, DynaTreeHistory):
@@ -185,6 +189,7 @@ def adjusted_params(params: DynaTreeParams, history: DynaTreeHistory) -> DynaTre
             base_depth=min(params.base_depth + params.depth_step, params.max_depth - 1),
             tau_low=params.tau_low - step,
             tau_high=params.tau_high - step,
+            threshold_step=0,
         )
     if mean <= params.low_acceptance:
         return replace(
@@ -192,6 +197,7 @@ def adjusted_params(params: DynaTreeParams, history: DynaTreeHistory) -> DynaTre
             base_depth=max(params.base_depth - params.depth_step, 1),
             tau_low=params.tau_low + step,
             tau_high=params.tau_high + step,
+            threshold_step=0,
         )
     return params
 
