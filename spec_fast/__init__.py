@@ -8,3 +8,9 @@ from spec_fast.flat_tree import FlatTree
 
 __all__ = ["FlatTree"]
 # --- further exports are added below this line ---
+from spec_fast.decoding import decoding_operator
+from spec_fast.rng import counter_uniforms
+from spec_fast.verify import METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_tree
+
+__all__ += ["decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutput", "draw_uniforms",
+            "uniforms_per_node", "verify_tree"]
