@@ -17,6 +17,15 @@ matching children and keeps the longest accepted path, ties to head 1. For a sam
 needs one node per context, :meth:`MergedTree.union_tree` gives the token-merged union as a
 :class:`~spec_ref.tree.DraftTree` (duplicates merged, draw lists concatenated head 1 first).
 
+*Sampling on dual-draft trees* (ALGORITHMS.md section 8, which corrects the loose wording of seeds/000 6.2
+and seeds/001 6.2): these are one-hot-draft rejections, i.e. NSS on a deterministic tree, with one target
+draw per visited node shared by all paths. Run ``verify(merged.union_tree(), target_model, "nss", rng)``;
+choosing the best of several independently sampled paths afterwards is lossy.
+
+*Greedy alignment* (ALGORITHMS.md section 8): the first drafted level u_1 is checked against the target
+argmax at the root (the context ending in s_{t+1}); seeds/000 6.1 writes ``u_j = z_hat_{t+j}``, which is
+the same once positions are aligned so that z_hat_{t+j} is predicted from the context ending at u_{j-1}.
+
 **Lossy combinations are refused** with ``ValueError`` (TESTING.md sections 0.8 and 7):
 
 * merging sampled (i.i.d.) trees whose draft distributions differ at a context both heads drew from:

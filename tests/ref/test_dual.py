@@ -3,6 +3,7 @@ of seeds/000 (mean confidence, tie rule, refusal of sampled drafts, tau accounti
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 from typing import Any
 
@@ -16,6 +17,7 @@ from spec_ref import (
     ScoredDraftTree,
     draft_delayed_tree,
     draft_topk_tree,
+    exact_law,
     mean_tokens_per_step,
     merge_trees,
     route,
@@ -277,3 +279,26 @@ def test_tau_counts_the_root_token_plus_the_accepted_tokens() -> None:
         tokens_per_step(-1)
     with pytest.raises(ValueError, match="empty"):
         mean_tokens_per_step([])
+
+
+def test_nss_on_the_token_merged_union_is_exactly_lossless() -> None:
+    # ALGORITHMS.md section 8: sampling on merged dual-draft trees is NSS on the deterministic union, one
+    # target draw per visited node shared by all paths. Emitted block extended with target samples to a
+    # fixed length must have exactly the autoregressive law of the (context-dependent) target.
+    union = merge_trees(HEAD1, HEAD2).union_tree()
+    target = target_table(3)
+    length = union.max_depth + 1
+
+    def run(rng: Any) -> tuple[int, ...]:
+        block = verify(union, target, "nss", rng).tokens
+        while len(block) < length:
+            block += (rng.categorical(np.asarray(target(block), dtype=object)),)
+        return block
+
+    expected = {}
+    for seq in itertools.product(range(4), repeat=length):
+        prob = F(1)
+        for j in range(length):
+            prob *= target(seq[:j])[seq[j]]
+        expected[seq] = prob
+    assert exact_law(run) == expected
