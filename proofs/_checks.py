@@ -355,3 +355,168 @@ def total_variation(first: Mapping[Hashable, Fraction], second: Mapping[Hashable
 
 
 Runner = Callable[[Any], Any]
+
+
+# ==========================================================================================================
+# Tree-level helpers (T03-T07): context-dependent tables, drafted trees, extended-block laws
+# ==========================================================================================================
+Table = dict[tuple[int, ...], list[Fraction]]
+
+
+def table(seed: int, depth: int, vocab: int, zeros: bool = True) -> Table:
+    """A deterministic context-dependent table prefix -> pmf [vocab] for every prefix of length <= depth."""
+    import random
+
+    rnd = random.Random(seed)
+    weights = (0, 1, 1, 2, 3, 5) if zeros else (1, 2, 3, 5)
+    out: Table = {}
+    for d in range(depth + 1):
+        for prefix in itertools.product(range(vocab), repeat=d):
+            w = [rnd.choice(weights) for _ in range(vocab)]
+            if not any(w):
+                w[rnd.randrange(vocab)] = 1
+            out[prefix] = [F(x, sum(w)) for x in w]
+    return out
+
+
+def as_model(tab: Table) -> Callable[[tuple[int, ...]], list[Fraction]]:
+    return lambda prefix: tab[prefix]
+
+
+def sample_iid_tree(rng: Any, draft: Table, K: int, L: int) -> Any:
+    """K i.i.d. paths of length L from the draft table (sampled here, inside the enumerated function)."""
+    import numpy as np
+
+    from spec_ref.tree import DraftTree
+
+    paths = []
+    for _ in range(K):
+        prefix: tuple[int, ...] = ()
+        for _ in range(L):
+            prefix = prefix + (rng.categorical(np.array(draft[prefix], dtype=object)),)
+        paths.append(prefix)
+    return DraftTree.from_paths(paths, as_model(draft))
+
+
+def extend(rng: Any, target: Table, tokens: tuple[int, ...], length: int) -> tuple[int, ...]:
+    import numpy as np
+
+    while len(tokens) < length:
+        tokens = tokens + (rng.categorical(np.array(target[tokens], dtype=object)),)
+    return tokens
+
+
+def autoregressive_law(target: Table, length: int) -> Law:
+    vocab = len(target[()])
+    law: Law = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        mass = F(1)
+        for i in range(length):
+            mass *= target[seq[:i]][seq[i]]
+        if mass:
+            law[seq] = mass
+    return law
+
+
+def extended_law(build: Callable[[Any], Any], step: Callable[[Any, Any], tuple[int, ...]], target: Table, length: int) -> Law:
+    """Exact law of: draft a tree with ``build(rng)``, emit a block with ``step(tree, rng)``, extend to ``length``."""
+
+    def run(rng: Any) -> tuple[int, ...]:
+        tree = build(rng)
+        return extend(rng, target, tuple(step(tree, rng)), length)
+
+    return {k: v for k, v in exact_law(run).items() if v}
+
+
+def block_law(tree: Any, step: Callable[[Any, Any], tuple[int, ...]]) -> Law:
+    """Exact law of the emitted block for a FIXED tree (the verifier's randomness only)."""
+    return exact_law(lambda rng: tuple(step(tree, rng)))
+
+
+def chain_tree(tokens: Sequence[int], draft: Table) -> Any:
+    from spec_ref.tree import DraftTree
+
+    return DraftTree.from_paths([tuple(tokens)], as_model(draft))
+
+
+# ----- a test-local Traversal (ALGORITHMS.md 6.2) with switchable order and update: the mutants' base ------
+def traversal_oracle(tree: Any, target: Table, rng: Any, rule: str = "current", order: str = "draw", wr: bool = False) -> tuple[int, ...]:
+    """Traversal verification written from the statement of T05, independently of spec_ref.verify.
+
+    ``rule``: "current" (w <- Z/(Z+1-w), the theorem), "initial" (w <- Z/(Z+1-w_initial)) or "draft_mass"
+    (w <- min(1, Z/(1-Q(x)))) -- the two wrong updates of ALGORITHMS.md 6.4. ``order``: "draw" (the theorem)
+    or "token" (siblings sorted by token id). ``wr``: with-replacement rounds (dups), else WOR.
+    """
+    import numpy as np
+
+    n = tree.num_nodes
+    prefix = [tree.path_tokens(u) for u in range(n)]
+    P = [list(target[prefix[u]]) for u in range(n)]
+    Q = [None if tree.draft_probs[u] is None else [F(v) for v in tree.draft_probs[u]] for u in range(n)]
+    w = [F(1)] * n
+    rounds: list[list[tuple[int, bool]]] = []
+    for u in range(n):
+        seen: list[int] = []
+        entries: list[tuple[int, bool]] = []
+        for t in tree.draws[u]:
+            if t in seen:
+                if wr:
+                    entries.append((tree.child(u, t), True))
+                continue
+            seen.append(t)
+            entries.append((tree.child(u, t), False))
+        if order == "token":
+            entries.sort(key=lambda e: tree.tokens[e[0]])
+        rounds.append(entries)
+    initial = list(w)
+
+    def child_weight(u: int, t: int) -> Fraction:
+        q = Q[u]
+        return F(0) if q is None or q[t] <= 0 else min(F(1), w[u] * P[u][t] / q[t])
+
+    def refresh(u: int) -> None:
+        for c, dup in rounds[u]:
+            if not dup:
+                w[c] = child_weight(u, tree.tokens[c])
+                initial[c] = w[c]
+                refresh(c)
+
+    def reject(u: int, t: int) -> None:
+        q = Q[u]
+        assert q is not None
+        mass = pos([w[u] * a - b for a, b in zip(P[u], q)])
+        z = sum(mass, F(0))
+        if rule == "current":
+            d = z + 1 - w[u]
+            w[u] = z / d if d > 0 else F(1)
+        elif rule == "initial":
+            d = z + 1 - initial[u]
+            w[u] = min(F(1), z / d) if d > 0 else F(1)
+        else:
+            w[u] = min(F(1), z / (1 - q[t])) if q[t] < 1 else F(1)
+        if z > 0:
+            P[u] = [m / z for m in mass]
+        if not wr:
+            q = list(q)
+            q[t] = F(0)
+            total = sum(q, F(0))
+            Q[u] = [v / total for v in q] if total > 0 else q
+        refresh(u)
+
+    refresh(0)
+    while True:
+        u = 0
+        while rounds[u]:
+            c, dup = rounds[u][0]
+            if dup:
+                rounds[u].pop(0)
+                reject(u, tree.tokens[c])
+                continue
+            u = c
+        if u == 0:
+            return prefix[0] + (rng.categorical(np.array(P[0], dtype=object)),)
+        if rng.bernoulli(w[u]):
+            return prefix[u] + (rng.categorical(np.array(P[u], dtype=object)),)
+        parent = tree.parents[u]
+        rounds[parent].pop(0)
+        reject(parent, tree.tokens[u])

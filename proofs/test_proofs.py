@@ -11,6 +11,8 @@ Test names start with the theorem ID they check (``test_t01_...``); the theorem 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -19,8 +21,27 @@ import pytest
 
 from proofs import _checks as C
 from proofs._checks import CASES, F, Case
-from spec_ref import SOLVERS, KhistiSolver, NaiveSolver, SpecInferSolver, SpecTrSolver, decoding_operator, exact_law
+from spec_ref import (
+    SOLVERS,
+    DraftTree,
+    GeneratorSource,
+    KhistiSolver,
+    NaiveSolver,
+    SpecInferSolver,
+    SpecTrSolver,
+    decoding_operator,
+    draft_delayed_tree,
+    draft_topk_tree,
+    dual,
+    exact_law,
+    expected_block_efficiency,
+    merge_trees,
+    route,
+    tensorize,
+    verify,
+)
 from spec_ref.solvers import KhistiRound, Solver, SolverPlan
+from spec_ref.tree import DraftTree as _DraftTree
 
 THEOREMS = C.theorem_files()
 
@@ -515,3 +536,475 @@ def test_t08_the_same_construction_with_the_true_draft_law_is_lossless() -> None
 
         assert exact_law(run) == C.vector_law(target), name
 
+
+
+# ==========================================================================================================
+# T03: the OT top-down driver on i.i.d. and delayed trees; eq. (1)-(3)
+# ==========================================================================================================
+
+OT_VARIANTS = [
+    ("naive_tree", {}),
+    ("nss", {}),
+    ("spectr", {}),
+    ("specinfer", {}),
+    ("specinfer", {"specinfer_order": "draw"}),
+    ("khisti", {}),
+]
+OT_IDS = [m + "".join(f"-{v}" for v in o.values()) for m, o in OT_VARIANTS]
+TARGET_2 = C.table(11, 3, 2)
+DRAFT_2 = C.table(12, 3, 2)
+TARGET_3 = C.table(21, 3, 3)
+DRAFT_3 = C.table(22, 3, 3)
+
+
+def verifier(method: str, target: C.Table, **options: Any) -> Any:
+    return lambda tree, rng: verify(tree, C.as_model(target), method, rng, **options).tokens
+
+
+def iid_builder(draft: C.Table, K: int, L: int) -> Any:
+    return lambda rng: C.sample_iid_tree(rng, draft, K, L)
+
+
+def delayed_builder(draft: C.Table, K: int, L1: int, L2: int) -> Any:
+    return lambda rng: draft_delayed_tree(C.as_model(draft), K, L1, L2, rng)
+
+
+def tree_lossless(build: Any, step: Any, target: C.Table, length: int) -> bool:
+    return C.laws_equal(C.extended_law(build, step, target, length), C.autoregressive_law(target, length))
+
+
+@pytest.mark.parametrize(("method", "options"), OT_VARIANTS, ids=OT_IDS)
+def test_t03_ot_driver_is_lossless_on_iid_trees_and_on_delayed_trees(method: str, options: dict[str, Any]) -> None:
+    step2, step3 = verifier(method, TARGET_2, **options), verifier(method, TARGET_3, **options)
+    assert tree_lossless(iid_builder(DRAFT_2, 2, 2), step2, TARGET_2, 3)
+    assert tree_lossless(delayed_builder(DRAFT_2, 2, 1, 1), step2, TARGET_2, 3)
+    assert tree_lossless(delayed_builder(DRAFT_3, 2, 1, 1), step3, TARGET_3, 3)
+
+
+def test_t03_a_driver_that_reads_the_parents_target_row_is_rejected_by_the_losslessness_check() -> None:
+    """Negative control: the off-by-one target row (the verifier sees p at the parent's prefix)."""
+    shifted = lambda prefix: TARGET_2[prefix[:-1]]  # noqa: E731
+    step = lambda tree, rng: verify(tree, shifted, "specinfer", rng).tokens  # noqa: E731
+    assert not tree_lossless(iid_builder(DRAFT_2, 2, 2), step, TARGET_2, 3)
+
+
+def eq3(tree: Any, target: C.Table, method: str, **options: Any) -> Fraction:
+    """Eq. (3) written out: sum over nodes c (root included) of prod_{edges u->u.t} B_u(t | D_u)."""
+    from spec_ref.verify import ot_solver
+
+    solver = ot_solver(method, options)
+    reach = [F(0)] * tree.num_nodes
+    reach[0] = F(1)
+    for u in range(tree.num_nodes):  # ancestors first
+        if not tree.draws[u]:
+            continue
+        p = target[tree.path_tokens(u)]
+        q = list(tree.draft_probs[u])
+        law = solver.branching(p, q, tree.draws[u])
+        for t, c in tree.children[u].items():
+            reach[c] = reach[u] * F(law[t])
+    return sum(reach, F(0))
+
+
+def fixed_trees() -> list[Any]:
+    model = C.as_model(DRAFT_3)
+    return [
+        DraftTree.from_paths([(0, 1), (1, 0)], model),
+        DraftTree.from_paths([(1, 2), (1, 0), (0, 0)], model),
+        DraftTree.from_paths([(0, 2, 1)], model),
+        DraftTree.from_paths([(1, 2), (1, 2)], model),
+        DraftTree.from_paths([(0, 0), (0, 1)], model),
+    ]
+
+
+@pytest.mark.parametrize(("method", "options"), OT_VARIANTS, ids=OT_IDS)
+def test_t03_eq3_equals_the_exact_expected_block_length_of_the_driver(method: str, options: dict[str, Any]) -> None:
+    step = verifier(method, TARGET_3, **options)
+    for tree in fixed_trees():
+        law = C.block_law(tree, step)
+        truth = sum((len(block) * mass for block, mass in law.items()), F(0))  # type: ignore[arg-type]
+        assert eq3(tree, TARGET_3, method, **options) == truth
+        assert F(expected_block_efficiency(tree, C.as_model(TARGET_3), method, **options)) == truth
+
+
+def test_t03_eq1_averaging_eq3_over_random_delayed_trees_gives_the_overall_expected_block_length() -> None:
+    build = delayed_builder(DRAFT_3, 2, 1, 1)
+    step = verifier("spectr", TARGET_3)
+    overall = exact_law(lambda rng: len(step(build(rng), rng)))
+    by_tree = exact_law(lambda rng: F(expected_block_efficiency(build(rng), C.as_model(TARGET_3), "spectr")))
+    assert sum((F(k) * v for k, v in overall.items()), F(0)) == sum((F(k) * v for k, v in by_tree.items()), F(0))  # type: ignore[arg-type]
+
+
+def test_t03_eq3_rejects_a_driver_that_stops_after_a_residual_sampled_child() -> None:
+    """Negative control: stopping on a residual-sampled child token is lossless but eq. (3) no longer holds."""
+    from spec_ref.verify import ot_solver
+
+    solver = ot_solver("naive_tree", {})
+
+    def stop_on_residual(tree: Any, rng: Any) -> tuple[int, ...]:
+        u = 0
+        while True:
+            p = TARGET_3[tree.path_tokens(u)]
+            if not tree.draws[u]:
+                return tree.path_tokens(u) + (rng.categorical(np.array(p, dtype=object)),)
+            first = tree.draws[u][0]
+            if rng.uniform() * F(tree.draft_probs[u][first]) < p[first]:
+                u = tree.child(u, first)
+                continue
+            q = [F(v) for v in tree.draft_probs[u]]
+            return tree.path_tokens(u) + (rng.categorical(np.array(C.res(p, q), dtype=object)),)
+
+    assert tree_lossless(iid_builder(DRAFT_3, 2, 2), stop_on_residual, TARGET_3, 3)  # lossless ...
+    differs = []
+    for tree in fixed_trees():
+        law = C.block_law(tree, stop_on_residual)
+        mean = sum((len(block) * mass for block, mass in law.items()), F(0))  # type: ignore[arg-type]
+        differs.append(mean != eq3(tree, TARGET_3, "naive_tree"))
+    assert any(differs)  # ... but eq. (3) rejects it
+    assert solver.name == "naive"
+
+
+# ==========================================================================================================
+# T04: naive speculative sampling, block verification, tree verification (ASpS) = BV in law
+# ==========================================================================================================
+@pytest.mark.parametrize("method", ["naive", "bv", "tree_mc"])
+def test_t04_single_path_methods_are_lossless_on_chains_and_on_path_zero_of_a_two_path_tree(method: str) -> None:
+    step2, step3 = verifier(method, TARGET_2), verifier(method, TARGET_3)
+    assert tree_lossless(iid_builder(DRAFT_2, 1, 3), step2, TARGET_2, 4)
+    assert tree_lossless(iid_builder(DRAFT_3, 1, 2), step3, TARGET_3, 3)
+    assert tree_lossless(iid_builder(DRAFT_2, 2, 2), step2, TARGET_2, 3)
+
+
+def bv_law_formula(chain: Sequence[int], target: C.Table, draft: C.Table) -> dict[Any, Fraction]:
+    """T04's closed form: P(tau = L) = w_L (bonus ~ p_L); P(tau = i, y) = (w_i p_i - q_i)_+(y)/D_i prod_{j=i+1}^{L-1} (1-w_j)/D_j (1-w_L)."""
+    L = len(chain)
+    pre = [tuple(chain[:i]) for i in range(L + 1)]
+    w = [F(1)]
+    for i in range(1, L + 1):
+        p, q = target[pre[i - 1]], draft[pre[i - 1]]
+        w.append(min(F(1), w[-1] * p[chain[i - 1]] / q[chain[i - 1]]))
+    d = []
+    for i in range(L):
+        p, q = target[pre[i]], draft[pre[i]]
+        d.append(sum(C.pos([qt - w[i] * pt for pt, qt in zip(p, q)]), F(0)))
+    law: dict[Any, Fraction] = {}
+    for y, py in enumerate(target[pre[L]]):
+        if w[L] * py:
+            law[tuple(chain) + (y,)] = w[L] * py
+    for i in range(L):
+        if d[i] == 0:
+            continue
+        tail = (1 - w[L]) / d[i]
+        for j in range(i + 1, L):
+            tail *= (1 - w[j]) / d[j] if d[j] else F(0)
+        p, q = target[pre[i]], draft[pre[i]]
+        for y in range(len(p)):
+            mass = max(w[i] * p[y] - q[y], F(0)) * tail
+            if mass:
+                law[tuple(chain[:i]) + (y,)] = law.get(tuple(chain[:i]) + (y,), F(0)) + mass
+    return law
+
+
+def all_chains(draft: C.Table, L: int) -> list[tuple[int, ...]]:
+    vocab = len(draft[()])
+    return [
+        c for c in itertools.product(range(vocab), repeat=L) if all(draft[c[:i]][c[i]] > 0 for i in range(L))
+    ]
+
+
+def test_t04_bv_and_tree_verification_have_the_same_stated_law_on_every_fixed_chain() -> None:
+    for target, draft, L in ((TARGET_2, DRAFT_2, 3), (TARGET_3, DRAFT_3, 2)):
+        for chain in all_chains(draft, L):
+            tree = C.chain_tree(chain, draft)
+            bv = C.block_law(tree, verifier("bv", target))
+            tree_mc = C.block_law(tree, verifier("tree_mc", target))
+            assert C.laws_equal(bv, tree_mc), chain
+            assert C.laws_equal(bv, bv_law_formula(chain, target, draft)), chain
+
+
+def bv_accepting_with_w(target: C.Table) -> Any:
+    """Negative control: the seed's description of BV -- accept each node independently with w_i, take the
+    deepest accepted node, correction from the w-weighted residual."""
+
+    def step(tree: Any, rng: Any) -> tuple[int, ...]:
+        from spec_ref.verify import path_zero
+
+        nodes = path_zero(tree)
+        L = len(nodes) - 1
+        w = [F(1)]
+        for i in range(1, L + 1):
+            p, q = target[tree.path_tokens(nodes[i - 1])], tree.draft_probs[nodes[i - 1]]
+            x = tree.tokens[nodes[i]]
+            w.append(min(F(1), w[-1] * p[x] / F(q[x])))
+        tau = 0
+        for i in range(1, L + 1):
+            if rng.bernoulli(w[i]):
+                tau = i
+        prefix = tree.path_tokens(nodes[tau])
+        p = target[prefix]
+        if tau == L:
+            return prefix + (rng.categorical(np.array(p, dtype=object)),)
+        q = [F(v) for v in tree.draft_probs[nodes[tau]]]
+        return prefix + (rng.categorical(np.array(C.res([w[tau] * v for v in p], q), dtype=object)),)
+
+    return step
+
+
+def test_t04_the_seeds_bv_description_accepting_with_w_is_rejected_by_the_losslessness_check() -> None:
+    assert not tree_lossless(iid_builder(DRAFT_2, 1, 3), bv_accepting_with_w(TARGET_2), TARGET_2, 4)
+
+
+# ==========================================================================================================
+# T05: Traversal verification
+# ==========================================================================================================
+@pytest.mark.parametrize("sibling_model", ["wor", "wr"])
+def test_t05_traversal_is_lossless_for_both_sibling_models(sibling_model: str) -> None:
+    step2 = verifier("traversal", TARGET_2, sibling_model=sibling_model)
+    step3 = verifier("traversal", TARGET_3, sibling_model=sibling_model)
+    assert tree_lossless(iid_builder(DRAFT_2, 2, 2), step2, TARGET_2, 3)
+    assert tree_lossless(iid_builder(DRAFT_2, 3, 1), step2, TARGET_2, 2)
+    assert tree_lossless(delayed_builder(DRAFT_3, 2, 1, 1), step3, TARGET_3, 3)
+
+
+def test_t05_traversal_with_one_path_has_exactly_the_law_of_bv() -> None:
+    for target, draft, L in ((TARGET_2, DRAFT_2, 3), (TARGET_3, DRAFT_3, 2)):
+        for chain in all_chains(draft, L):
+            tree = C.chain_tree(chain, draft)
+            for model in ("wor", "wr"):
+                assert C.block_law(tree, verifier("traversal", target, sibling_model=model)) == C.block_law(tree, verifier("bv", target))
+
+
+def oracle(target: C.Table, **kw: Any) -> Any:
+    return lambda tree, rng: C.traversal_oracle(tree, target, rng, **kw)
+
+
+def test_t05_the_runners_traversal_oracle_has_spec_refs_law_so_its_mutants_are_fair() -> None:
+    for tree in fixed_trees():
+        for wr in (False, True):
+            mine = C.block_law(tree, oracle(TARGET_3, wr=wr))
+            ref = C.block_law(tree, verifier("traversal", TARGET_3, sibling_model="wr" if wr else "wor"))
+            assert C.laws_equal(mine, ref)
+
+
+@pytest.mark.parametrize(
+    ("kw", "K", "L", "vocab"),
+    [({"order": "token"}, 3, 1, 2), ({"rule": "draft_mass"}, 1, 3, 2), ({"rule": "initial"}, 2, 2, 3)],
+    ids=["siblings in token-id order", "w <- min(1, Z/(1-Q(x))) with one path", "w <- Z/(Z+1-w_initial) with two paths"],
+)
+def test_t05_losslessness_check_rejects_token_order_and_the_two_wrong_weight_updates(
+    kw: dict[str, Any], K: int, L: int, vocab: int
+) -> None:
+    target, draft = (TARGET_2, DRAFT_2) if vocab == 2 else (TARGET_3, DRAFT_3)
+    assert tree_lossless(iid_builder(draft, K, L), oracle(target), target, L + 1)  # the correct oracle passes
+    assert not tree_lossless(iid_builder(draft, K, L), oracle(target, **kw), target, L + 1)
+
+
+def test_t05_the_initial_weight_update_still_equals_bv_with_one_path() -> None:
+    assert tree_lossless(iid_builder(DRAFT_2, 1, 3), oracle(TARGET_2, rule="initial"), TARGET_2, 4)
+
+
+# ==========================================================================================================
+# T06: deterministic trees (NSS) and dual-draft routing
+# ==========================================================================================================
+DRAFT_3B = C.table(23, 3, 3, zeros=False)
+
+
+def topk(draft: C.Table, depth: int = 2, top_k: int = 2, budget: int = 4) -> Any:
+    return draft_topk_tree(C.as_model(draft), depth, top_k, budget)
+
+
+def as_sampled(tree: Any, draft: C.Table) -> Any:
+    """Negative-control device: the same drafted tokens presented as i.i.d. samples from the softmax q."""
+    probs = tuple(list(draft[tree.path_tokens(u)]) if tree.draws[u] else None for u in range(tree.num_nodes))
+    return _DraftTree(tree.tokens, tree.parents, tree.draws, probs, process="iid")
+
+
+def test_t06_nss_is_lossless_on_deterministic_trees_and_reaches_each_node_with_the_product_of_p() -> None:
+    for draft in (DRAFT_3, DRAFT_3B):
+        for shape in ((2, 2, 4), (2, 3, 5), (3, 1, 3)):
+            tree = topk(draft, *shape)
+            assert tree.deterministic
+            assert tree_lossless(lambda rng, t=tree: t, verifier("nss", TARGET_3), TARGET_3, 4)
+            reach = sum(
+                (np.prod([TARGET_3[tree.path_tokens(v)[:i]][tree.path_tokens(v)[i]] for i in range(tree.depths[v])], dtype=object) if tree.depths[v] else F(1) for v in range(tree.num_nodes)),
+                F(0),
+            )
+            law = C.block_law(tree, verifier("nss", TARGET_3))
+            assert sum((len(b) * m for b, m in law.items()), F(0)) == reach  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["naive_tree", "specinfer", "spectr"])
+def test_t06_deterministic_drafts_verified_with_their_softmax_q_are_lossy_and_refused(method: str) -> None:
+    tree = topk(DRAFT_3B, 2, 2, 4)
+    with pytest.raises(ValueError, match="deterministic"):
+        verify(tree, C.as_model(TARGET_3), method, 0)
+    mutant = as_sampled(tree, DRAFT_3B)
+    assert not tree_lossless(lambda rng: mutant, verifier(method, TARGET_3), TARGET_3, 3)
+
+
+def test_t06_the_softmax_q_counterexample_of_the_theorem_has_the_stated_exact_law() -> None:
+    p = q = [F(3, 4), F(1, 4)]
+    tree = _DraftTree((-1, 0), (-1, 0), ((0,), ()), (q, None), process="iid")  # argmax draft posed as a sample
+    law = exact_law(lambda rng: verify(tree, lambda prefix: p, "naive_tree", rng).tokens[0])
+    assert law == {0: F(1)} and C.vector_law(p) == {0: F(3, 4), 1: F(1, 4)}
+
+
+def test_t06_routing_deterministic_trees_by_their_mean_confidence_is_lossless_with_nss() -> None:
+    chosen = route(topk(DRAFT_3), topk(DRAFT_3B))
+    assert tree_lossless(lambda rng: chosen.tree, verifier("nss", TARGET_3), TARGET_3, 3)
+    with pytest.raises(ValueError, match="sampled"):
+        dual.mean_confidence(C.sample_iid_tree(GeneratorSource(np.random.default_rng(0)), DRAFT_3, 2, 2))
+
+
+def test_t06_routing_by_a_function_of_the_draft_models_then_sampling_the_chosen_head_is_lossless() -> None:
+    head = route(topk(DRAFT_3), topk(DRAFT_3B)).head  # a function of the two draft models only
+    draft = DRAFT_3 if head == 1 else DRAFT_3B
+    for method in ("naive_tree", "specinfer", "traversal"):
+        assert tree_lossless(iid_builder(draft, 2, 2), verifier(method, TARGET_3), TARGET_3, 3)
+
+
+def routed_on_samples(q_heads: list[list[Fraction]], method: str, target: list[Fraction]) -> Any:
+    """Two heads each draft one token; the router keeps the head whose SAMPLED token has the larger q_h(x)."""
+
+    def first_token(rng: Any) -> int:
+        draws = [rng.categorical(np.array(q, dtype=object)) for q in q_heads]
+        head = 0 if q_heads[0][draws[0]] >= q_heads[1][draws[1]] else 1
+        tree = _DraftTree((-1, draws[head]), (-1, 0), ((draws[head],), ()), (q_heads[head], None))
+        return verify(tree, lambda prefix: target, method, rng).tokens[0]
+
+    return first_token
+
+
+def test_t06_routing_on_sampled_drafts_is_lossy_with_the_stated_exact_numbers() -> None:
+    """The counterexample of T06: p = q_1 = q_2 = (3/4, 1/4); the routed first token has law (15/16, 1/16)."""
+    p = [F(3, 4), F(1, 4)]
+    law = exact_law(routed_on_samples([p, p], "naive_tree", p))
+    assert law == {0: F(15, 16), 1: F(1, 16)} != C.vector_law(p)
+    assert C.total_variation(law, C.vector_law(p)) == F(3, 16)
+    assert exact_law(routed_on_samples([p, p], "nss", p)) == C.vector_law(p)  # NSS ignores the drafts
+
+
+# ==========================================================================================================
+# T07: merged-tree mask and positions; greedy verification
+# ==========================================================================================================
+GREEDY_TARGETS = (C.table(51, 6, 3), C.table(41, 6, 3))
+DEEP_DRAFTS = (C.table(52, 6, 3), C.table(53, 6, 3, zeros=False))
+
+
+def context_failures(tokens: Any, parents: Any, positions: Any, mask: Any) -> list[int]:
+    """Nodes whose visible (position, token) pairs are NOT exactly (d, path token at depth d), d = 0..depth."""
+    bad = []
+    for i in range(len(tokens)):
+        path = []
+        node = i
+        while node >= 0:
+            path.append(int(tokens[node]))
+            node = int(parents[node])
+        path.reverse()
+        seen = sorted((int(positions[j]), int(tokens[j])) for j in range(len(tokens)) if mask[i][j])
+        if seen != list(enumerate(path)):
+            bad.append(i)
+    return bad
+
+
+def merged_examples() -> list[Any]:
+    a, b = topk(DRAFT_3, 2, 2, 4), topk(DRAFT_3B, 2, 2, 4)
+    c = topk(C.table(31, 3, 3, zeros=False), 3, 1, 3)
+    return [merge_trees(a, b), merge_trees(b, a), merge_trees(a, c), merge_trees(a, a)]
+
+
+def test_t07_merged_tree_mask_and_depth_positions_give_every_node_exactly_its_path_context() -> None:
+    for merged in merged_examples():
+        lay = merged.layout
+        assert context_failures(merged.tokens, merged.parents, lay.positions, lay.attention_mask) == []
+        n1 = merged.num_head_nodes[0]
+        mask = np.asarray(lay.attention_mask)
+        assert not mask[1 : n1 + 1, n1 + 1 :].any() and not mask[n1 + 1 :, 1 : n1 + 1].any()  # disjoint blocks
+    for tree in fixed_trees():
+        lay = tensorize(tree)
+        assert context_failures(tree.tokens, tree.parents, lay.positions, lay.attention_mask) == []
+
+
+def test_t07_context_check_rejects_a_mask_without_self_a_plain_causal_mask_and_packed_index_positions() -> None:
+    merged = merged_examples()[0]
+    lay = merged.layout
+    n = merged.num_nodes
+    mask = np.asarray(lay.attention_mask)
+    no_self = mask & ~np.eye(n, dtype=bool)
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    assert context_failures(merged.tokens, merged.parents, lay.positions, no_self) != []
+    assert context_failures(merged.tokens, merged.parents, lay.positions, causal) != []
+    assert context_failures(merged.tokens, merged.parents, np.arange(n), mask) != []
+
+
+def greedy_continuation(target: C.Table, length: int, lowest: bool = True) -> tuple[int, ...]:
+    out: tuple[int, ...] = ()
+    for _ in range(length):
+        row = target[out]
+        best = max(row)
+        ties = [t for t, v in enumerate(row) if v == best]
+        out = out + ((ties[0] if lowest else ties[-1]),)
+    return out
+
+
+def greedy_failures(step: Any, trees: list[Any], target: C.Table) -> list[Any]:
+    """Trees where the block is not the longest prefix of the greedy continuation that the tree holds, + 1."""
+    bad = []
+    for tree in trees:
+        block = tuple(step(tree))
+        nodes = {tree.path_tokens(u) for u in range(tree.num_nodes)}
+        greedy = greedy_continuation(target, tree.max_depth + 1)
+        depth = max(d for d in range(tree.max_depth + 1) if greedy[:d] in nodes)
+        if block != greedy[: depth + 1]:
+            bad.append(tree)
+    return bad
+
+
+def all_two_path_trees(draft: C.Table) -> list[Any]:
+    chains = all_chains(draft, 2)
+    return [DraftTree.from_paths([a, b], C.as_model(draft)) for a in chains for b in chains]
+
+
+def test_t07_greedy_verification_of_any_tree_emits_the_targets_greedy_continuation() -> None:
+    trees = all_two_path_trees(DRAFT_3B) + fixed_trees() + [topk(DRAFT_3B, 2, 2, 4)]
+    for target in (TARGET_3,) + GREEDY_TARGETS:
+        step = lambda tree, t=target: verify(tree, C.as_model(t), "greedy", None).tokens  # noqa: E731
+        assert greedy_failures(step, trees, target) == []
+
+
+def test_t07_dynatree_and_merged_greedy_emit_the_targets_greedy_continuation() -> None:
+    from spec_ref import DynaTreeHistory, DynaTreeParams, draft_dynatree, verify_merged_greedy
+
+    params = DynaTreeParams(base_depth=1, max_depth=3, node_budget=6, prune_threshold=F(1, 1000))
+    for target in GREEDY_TARGETS:
+        greedy = greedy_continuation(target, 5)
+        for draft in DEEP_DRAFTS + (target,):
+            tree, _ = draft_dynatree(C.as_model(draft), params, DynaTreeHistory())
+            block = verify(tree, C.as_model(target), "dynatree", None).tokens
+            assert block == greedy[: len(block)]
+            assert greedy_failures(lambda t: verify(t, C.as_model(target), "dynatree", None).tokens, [tree], target) == []
+        for merged in merged_examples():
+            result = verify_merged_greedy(merged, C.as_model(target))
+            rows = [[int(v) for v in row if v >= 0] for row in merged.layout.path_matrix]
+            longest = max(
+                max(d for d in range(len(row)) if all(merged.tokens[row[j]] == greedy[j - 1] for j in range(1, d + 1)))
+                for row in rows
+            )
+            assert result.accepted_length == longest and result.tokens == greedy[: longest + 1]
+
+
+def test_t07_greedy_check_rejects_argmax_ties_broken_by_the_highest_id() -> None:
+    target = TARGET_3
+    assert any(len(set(row)) < len(row) and max(row) in [v for i, v in enumerate(row) if row.count(v) > 1] for row in target.values())
+
+    def highest_tie(tree: Any) -> tuple[int, ...]:
+        u = 0
+        while True:
+            row = target[tree.path_tokens(u)]
+            token = max(t for t, v in enumerate(row) if v == max(row))
+            child = tree.child(u, token)
+            if child is None:
+                return tree.path_tokens(u) + (token,)
+            u = child
+
+    assert greedy_failures(highest_tie, all_two_path_trees(DRAFT_3B), target) != []
