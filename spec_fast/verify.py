@@ -605,7 +605,9 @@ def _bv_driver(
         h_i = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
         h[sel, i] = torch.where(need[sel], h_i, h[sel, i])
     h_last = w.gather(1, length.unsqueeze(1)).squeeze(1)
-    h.scatter_(1, length.clamp(min=1).unsqueeze(1), torch.where(length > 0, h_last, torch.ones_like(h_last)).unsqueeze(1))
+    if width > 1:  # h_L = w_L
+        last = length.clamp(min=1).unsqueeze(1)
+        h.scatter_(1, last, torch.where(length > 0, h_last, h.gather(1, last).squeeze(1)).unsqueeze(1))
     tau = torch.zeros(batch, dtype=torch.long, device=device)
     for i in range(width - 1, 0, -1):  # deepest first; tau = the largest accepted index
         node = path[:, i].clamp(min=0)
@@ -635,6 +637,10 @@ def _tree_mc_driver(
     batch, width = path.shape
     device = path.device
     rows = torch.arange(batch, device=device)
+    if width == 1:  # every row is a lone root: L = 0, the only draw is Cat(p_0)
+        root = torch.zeros(batch, dtype=torch.long, device=device)
+        need = torch.ones(batch, dtype=torch.bool, device=device)
+        return root, ctx.draw(need, lambda i: target_probs[_sub(rows, i), 0], uniforms[:, 0, 0])
     s, length, tokens = _path_weights(tree, target_probs, draft_probs, path)  # s_j == BV's w_j
     big = width - 1  # cell rows j = 1..big
     scale = torch.ones(batch, width, dtype=torch.float64, device=device)  # scale[:, j] = t_j
@@ -664,7 +670,10 @@ def _tree_mc_driver(
     s_last = s.gather(1, length.unsqueeze(1)).squeeze(1)
     totals = torch.where(in_path, coef * row_mass, torch.zeros_like(coef))
     totals[:, 0] = 0
-    totals.scatter_add_(1, length.clamp(min=1).unsqueeze(1), torch.where(length > 0, s_last, torch.zeros_like(s_last)).unsqueeze(1))
+    if width > 1:  # the "accept all" cell (L, x_L) holds s_L
+        totals.scatter_add_(
+            1, length.clamp(min=1).unsqueeze(1), torch.where(length > 0, s_last, torch.zeros_like(s_last)).unsqueeze(1)
+        )
     u_cell = uniforms[:, 0, 0].to(torch.float64)
     cumulative = torch.cumsum(totals, dim=1)
     grand = cumulative[:, -1].contiguous()
