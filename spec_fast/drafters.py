@@ -1,0 +1,132 @@
+"""Drafters: a separate HF draft model, or a self-speculative early-exit drafter built from the target.
+
+A drafter owns its own :class:`~spec_fast.kv_cache.TreeKVCache` and exposes the three operations the
+engine needs, all batched over ``B`` rows:
+
+* :meth:`Drafter.begin` — a fresh state for ``B`` rows;
+* :meth:`Drafter.forward` — logits ``[B, Q, V]`` for ``Q`` new block entries attached by parent index
+  (tree attention, depth-based positions);
+* :meth:`Drafter.commit` — keep exactly the accepted entries (gathered in place).
+
+``target_hidden`` (the verifier's last hidden states of the accepted entries) is passed to
+:meth:`Drafter.observe_target`, a no-op here: it is the hook through which a later, trained draft head
+(EAGLE/Medusa style) reads the verifier's features.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_fast.kv_cache import TreeKVCache
+
+__all__ = ["Drafter", "ModelDrafter", "early_exit_model", "EarlyExitDrafter"]
+
+
+class Drafter:
+    """Interface of a drafter (see the module docstring)."""
+
+    vocab_size: int
+
+    def begin(self, batch_size: int, device: torch.device) -> Any:
+        raise NotImplementedError
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, Q]``, ``parents [B, Q]`` (block indices, -1 = below the context) -> logits ``[B, Q, V]``."""
+        raise NotImplementedError
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep block entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``)."""
+        raise NotImplementedError
+
+    def num_block(self, state: Any) -> int:
+        raise NotImplementedError
+
+    def passes(self, state: Any) -> int:
+        raise NotImplementedError
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor) -> None:
+        """Hook for trained heads: ``target_hidden [B, N, H]`` of the verified tree (unused here)."""
+        return None
+
+
+class ModelDrafter(Drafter):
+    """Any HF causal LM as a drafter (it must share the target's vocabulary)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    def begin(self, batch_size: int, device: torch.device) -> TreeKVCache:
+        return TreeKVCache(self.model, batch_size, device)
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = state.forward(tokens, parents).logits
+        return logits
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor) -> None:
+        state.commit(keep, counts)
+
+    def num_block(self, state: Any) -> int:
+        return int(state.num_block)
+
+    def passes(self, state: Any) -> int:
+        return int(state.passes)
+
+
+def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding the decoder layer list and its attribute name (Llama-style or GPT-2-style)."""
+    base = getattr(model, "model", None)
+    if base is not None and hasattr(base, "layers"):
+        return base, "layers"
+    base = getattr(model, "transformer", None)
+    if base is not None and hasattr(base, "h"):
+        return base, "h"
+    raise ValueError(
+        f"early exit needs a Llama-style (model.layers) or GPT-2-style (transformer.h) model, got {type(model).__name__}"
+    )
+
+
+def early_exit_model(target: Any, num_layers: int) -> Any:
+    """A truncated copy of ``target`` that shares its weights: the first ``num_layers`` decoder layers, the
+    final norm and the LM head (no training). It is an ordinary HF model of the target's class, so HF
+    assisted generation (``generate(assistant_model=...)``) can use the very same draft."""
+    holder, attr = _decoder_layers(target)
+    total = len(getattr(holder, attr))
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
+        raise ValueError(f"num_layers must be an integer in [1, {total - 1}], got num_layers={num_layers!r}")
+    config = copy.deepcopy(target.config)
+    for name in ("num_hidden_layers", "n_layer"):
+        if hasattr(config, name):
+            setattr(config, name, num_layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    with torch.device("meta"):
+        draft = type(target)(config)
+    # share every module of the target except the truncated layer list
+    draft_holder, _ = _decoder_layers(draft)
+    for name, module in holder.named_children():
+        if name == attr:
+            setattr(draft_holder, attr, nn.ModuleList(list(getattr(holder, attr))[:num_layers]))
+        else:
+            setattr(draft_holder, name, module)
+    for name, module in target.named_children():
+        if module is not holder:
+            setattr(draft, name, module)
+    for name, tensor in list(draft.named_parameters()) + list(draft.named_buffers()):
+        if tensor.is_meta:
+            raise ValueError(f"early exit could not share {name} with the target")
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    draft.eval()
+    return draft
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """Self-speculative drafter: the target's first ``num_layers`` layers + final norm + LM head."""
+
+    def __init__(self, target: Any, num_layers: int) -> None:
+        super().__init__(early_exit_model(target, num_layers))
+        self.num_layers = num_layers

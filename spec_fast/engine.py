@@ -1,0 +1,540 @@
+"""SpeculativeDecoder: real speculative decoding over HF causal LMs with tree attention and KV caches.
+
+One step, batched over ``B`` rows (each row = one prompt):
+
+1. **draft**: the drafter first consumes the row's *pending* tokens (committed tokens its cache lacks,
+   ending with the *root token*, the last committed token), then grows the tree level by level; every
+   draft forward is one batched pass over the new frontier with a tree attention mask.
+2. **target**: one batched pass over the whole tree (slot 0 = root token, then the drafted nodes) with
+   the ancestor mask and depth-based position ids -> logits ``[B, N, V]``.
+3. **verify**: greedy (ALGORITHMS.md section 8, exact argmax walk) at temperature 0, else the
+   :mod:`spec_fast.verify` kernels with ``target_probs = G(target logits)`` and ``draft_probs`` = the very
+   tensor the drafts were sampled from.
+4. **commit**: target and draft caches keep exactly the accepted path by gathering its entries in place
+   (:meth:`spec_fast.kv_cache.TreeKVCache.commit`); nothing accepted is re-run.
+
+Randomness (temperature > 0): draft draws come from a ``torch.Generator`` seeded with ``seed``; the
+verifier's uniforms are ``counter_uniforms(seed + 1, offset)`` with a per-step offset, so a fixed seed
+reproduces the output exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spec_fast.decoding import decoding_operator
+from spec_fast.drafters import Drafter
+from spec_fast.flat_tree import FlatTree
+from spec_fast.kv_cache import TreeKVCache
+from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
+from spec_fast.strategies import Strategy
+
+__all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "greedy_verify"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; ``top_k`` 0 = off; ``top_p`` 1.0 = off; ``seed`` for reproducibility."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and t < float("inf")):
+            raise ValueError(f"temperature must be a finite number >= 0, got temperature={t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got top_k={self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1] (1 = off), got top_p={p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got seed={self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationResult:
+    """``tokens[b]``: the generated token ids of row b (EOS included when hit)."""
+
+    tokens: list[list[int]]
+    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
+
+
+def greedy_verify(tree: FlatTree, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact greedy tree verification (ALGORITHMS.md section 8).
+
+    Walk from the root into the child whose token is the target argmax at the current node (lowest id on
+    ties; children are merged by token, so there is at most one), and emit the argmax at the stop node.
+
+    Args:
+        tree: the drafted tree, ``[B, N]`` fields.
+        target_logits: ``[B, N, V]`` raw target logits at every node.
+
+    Returns:
+        ``accepted [B, N]`` bool (the accepted path, root included), ``num_accepted [B]`` long (draft
+        tokens accepted), ``next_token [B]`` long.
+    """
+    best = target_logits.argmax(dim=-1)  # [B, N]
+    num_slots = tree.num_slots
+    parent = tree.parents.clamp(min=0)
+    matches = tree.valid & (tree.tokens == torch.gather(best, 1, parent))
+    accepted = torch.zeros_like(tree.valid)
+    accepted[:, 0] = True
+    for i in range(1, num_slots):  # ancestors first: a parent is decided before its children
+        accepted[:, i] = matches[:, i] & torch.gather(accepted, 1, parent[:, i : i + 1]).squeeze(1)
+    depth = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
+    stop = depth.argmax(dim=1)  # the deepest accepted node
+    next_token = torch.gather(best, 1, stop.unsqueeze(1)).squeeze(1)
+    return accepted, depth.max(dim=1).values, next_token
+
+
+class _RowTree:
+    """Python bookkeeping of one row's tree while it is drafted (host side, small)."""
+
+    def __init__(self, root_entry: int) -> None:
+        self.tokens: list[int] = [-1]
+        self.parents: list[int] = [-1]
+        self.depths: list[int] = [0]
+        self.draws: list[list[int]] = [[]]
+        self.entry: list[int] = [root_entry]
+        self.paths: list[list[int]] = [[]]
+        self.score: list[float] = [1.0]
+        self.alive: list[bool] = [True]
+
+    def add(self, parent: int, token: int, paths: list[int], score: float) -> int:
+        for child in range(len(self.tokens)):
+            if self.parents[child] == parent and self.tokens[child] == token and self.alive[child]:
+                self.paths[child].extend(paths)
+                return child
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.draws.append([])
+        self.entry.append(-1)
+        self.paths.append(list(paths))
+        self.score.append(score)
+        self.alive.append(True)
+        return len(self.tokens) - 1
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of an HF causal LM ``target`` with a ``drafter`` under a :class:`Strategy`.
+
+    ``drafter`` may be None only for ``Strategy(shape="ar")``. Target and drafter must share the
+    vocabulary (same output size). ``generate`` takes a batch of token-id prompts (ragged allowed).
+    """
+
+    def __init__(self, target: Any, drafter: Drafter | None, strategy: Strategy) -> None:
+        if strategy.drafts and drafter is None:
+            raise ValueError(f"strategy {strategy.label()!r} needs a drafter, got drafter=None")
+        self.target = target
+        self.drafter = drafter
+        self.strategy = strategy
+        self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        if drafter is not None and drafter.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"target and draft vocabularies differ: target has {self.vocab_size} tokens, "
+                f"draft has {drafter.vocab_size}"
+            )
+        self.device = next(target.parameters()).device
+        self.context_length = int(
+            getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _probs(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """``[..., V]`` logits -> G(logits) ``[..., V]`` float32."""
+        flat = logits.reshape(-1, logits.shape[-1])
+        rows = flat.shape[0]
+        t = torch.full((rows,), float(sampling.temperature), device=flat.device)
+        k = torch.full((rows,), int(sampling.top_k), dtype=torch.long, device=flat.device)
+        p = torch.full((rows,), float(sampling.top_p), device=flat.device)
+        return decoding_operator(flat, t, k, p).reshape(logits.shape)
+
+    def _check_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got max_new_tokens={max_new_tokens!r}")
+        if len(prompts) == 0:
+            raise ValueError("prompts must hold at least one prompt, got an empty batch")
+        for b, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {b} is empty: give at least one token")
+            bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt {b} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
+            if self.context_length and len(prompt) + max_new_tokens > self.context_length:
+                raise ValueError(
+                    f"prompt {b} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                    f"the model context of {self.context_length} tokens"
+                )
+
+    # ------------------------------------------------------------------ main loop
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]] | torch.Tensor,
+        max_new_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        on_tokens: Callable[[list[list[int]]], None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens for every prompt (token ids, ``[B, P]`` or ragged).
+
+        ``on_tokens(new_tokens_per_row)`` is called after every step (streaming).
+        """
+        sampling = sampling or SamplingParams()
+        if isinstance(prompts, torch.Tensor):
+            prompts = prompts.tolist()
+        prompt_lists = [[int(t) for t in p] for p in prompts]
+        self._check_inputs(prompt_lists, max_new_tokens)
+        if not sampling.greedy and self.strategy.drafts and self.strategy.verifier == "greedy":
+            raise ValueError("verifier 'greedy' needs temperature 0; choose a sampling verifier")
+        eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        device = self.device
+        batch = len(prompt_lists)
+        metrics = GenerationMetrics(strategy=self.strategy.label(), batch_size=batch,
+                                    prompt_tokens=sum(len(p) for p in prompt_lists))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        uniform_offset = 0
+
+        target_state = TreeKVCache(self.target, batch, device)
+        self._prefill(target_state, prompt_lists)
+        draft_state = None
+        if self.strategy.drafts:
+            assert self.drafter is not None
+            draft_state = self.drafter.begin(batch, device)
+            self._prefill_drafter(draft_state, prompt_lists)
+        roots = [p[-1] for p in prompt_lists]
+        pending: list[list[int]] = [[p[-1]] for p in prompt_lists]
+        outputs: list[list[int]] = [[] for _ in range(batch)]
+        committed = [list(p) for p in prompt_lists]  # prompt + every committed token (untruncated)
+        active = [True] * batch
+        first_token_time: float | None = None
+
+        while any(active):
+            remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
+            depth_cap = min(self.strategy.depth, remaining - 1)
+            if self.strategy.drafts and depth_cap >= 1:
+                tree, draft_probs, entries, tokens_in = self._draft(draft_state, pending, roots, depth_cap, sampling, generator)
+            else:
+                tree, draft_probs, entries, tokens_in = self._root_only(roots)
+            out = target_state.forward(tokens_in, tree.parents)
+            target_logits = out.logits  # [B, N, V]
+            if sampling.greedy:
+                accepted, num_accepted, next_token = greedy_verify(tree, target_logits)
+            elif tree.num_slots == 1:
+                probs = self._probs(target_logits[:, 0], sampling)
+                next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                accepted = tree.valid.clone()
+                num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
+            else:
+                accepted, num_accepted, next_token, uniform_offset = self._verify_sampling(
+                    tree, target_logits, draft_probs, sampling, uniform_offset
+                )
+            # ---- bookkeeping (host side: one sync per step for stopping and streaming)
+            acc_list = accepted.tolist()
+            tok_list = tree.tokens.tolist()
+            nxt_list = next_token.tolist()
+            entry_list = entries.tolist()
+            num_list = num_accepted.tolist()
+            new_tokens: list[list[int]] = [[] for _ in range(batch)]
+            keep_t: list[list[int]] = []
+            keep_d: list[list[int]] = []
+            counts_t: list[int] = []
+            counts_d: list[int] = []
+            depths_list = tree.depths.max(dim=1).values.tolist()
+            step_acc: list[int] = []
+            step_depth: list[int] = []
+            for b in range(batch):
+                if not active[b]:
+                    keep_t.append([])
+                    keep_d.append([])
+                    counts_t.append(0)
+                    counts_d.append(0)
+                    continue
+                path = [i for i, a in enumerate(acc_list[b]) if a]  # ancestors first = path order
+                emitted = [tok_list[b][i] for i in path[1:]] + [nxt_list[b]]
+                step_acc.append(int(num_list[b]))
+                step_depth.append(int(depths_list[b]))
+                keep_t.append(path)
+                counts_t.append(len(path))
+                # draft cache: all pending entries, then the accepted nodes it has entries for
+                n_pend = len(pending[b])
+                width = self._pending_width
+                dkeep = list(range(width - n_pend, width)) if depth_cap >= 1 and self.strategy.drafts else []
+                missing: list[int] = []
+                for i in path[1:]:
+                    if entry_list[b][i] >= 0 and not missing:
+                        dkeep.append(entry_list[b][i])
+                    else:
+                        missing.append(tok_list[b][i])
+                if self.strategy.drafts and depth_cap >= 1:
+                    pending[b] = missing + [nxt_list[b]]
+                else:
+                    pending[b] = pending[b] + [tok_list[b][i] for i in path[1:]] + [nxt_list[b]]
+                keep_d.append(dkeep)
+                counts_d.append(len(dkeep))
+                roots[b] = nxt_list[b]
+                committed[b].extend(emitted)
+                for t in emitted:
+                    if len(outputs[b]) >= max_new_tokens:
+                        break
+                    outputs[b].append(t)
+                    new_tokens[b].append(t)
+                    if t in eos:
+                        break
+                if len(outputs[b]) >= max_new_tokens or (outputs[b] and outputs[b][-1] in eos):
+                    active[b] = False
+            metrics.record_step(step_acc, step_depth)
+            target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device))
+            if draft_state is not None and self.drafter is not None and self.drafter.num_block(draft_state) > 0:
+                self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device))
+            if first_token_time is None:
+                first_token_time = time.perf_counter() - start
+            if on_tokens is not None:
+                on_tokens(new_tokens)
+
+        metrics.wall_s = time.perf_counter() - start
+        metrics.ttft_s = first_token_time or 0.0
+        metrics.generated_tokens = sum(len(o) for o in outputs)
+        metrics.target_passes = target_state.passes - (1 if target_state.passes and self._prefilled_target else 0)
+        if draft_state is not None and self.drafter is not None:
+            metrics.draft_passes = self.drafter.passes(draft_state) - (1 if self._prefilled_draft else 0)
+        metrics.peak_memory_bytes = peak_memory_bytes(device)
+        self.last_target_state = target_state
+        self.last_draft_state = draft_state
+        self.last_committed = committed
+        self.last_pending = pending
+        return GenerationResult(tokens=outputs, metrics=metrics)
+
+    # ------------------------------------------------------------------ phases
+    _pending_width = 0
+    _prefilled_target = False
+    _prefilled_draft = False
+
+    def _chain_block(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """All but the last token of each prompt as a right-padded chain block."""
+        lengths = [len(p) - 1 for p in prompts]
+        width = max(lengths)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        parents = torch.full((len(prompts), width), -1, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            if lengths[b] > 0:
+                tokens[b, : lengths[b]] = torch.tensor(p[:-1], dtype=torch.long)
+                parents[b, 1 : lengths[b]] = torch.arange(lengths[b] - 1)
+        return tokens.to(self.device), parents.to(self.device), torch.tensor(lengths, device=self.device), width
+
+    def _prefill(self, state: TreeKVCache, prompts: list[list[int]]) -> None:
+        tokens, parents, lengths, width = self._chain_block(prompts)
+        self._prefilled_target = width > 0
+        if width > 0:
+            state.forward(tokens, parents)
+            state.commit(torch.arange(width, device=self.device).expand(len(prompts), width), lengths)
+
+    def _prefill_drafter(self, state: Any, prompts: list[list[int]]) -> None:
+        assert self.drafter is not None
+        tokens, parents, lengths, width = self._chain_block(prompts)
+        self._prefilled_draft = width > 0
+        if width > 0:
+            self.drafter.forward(state, tokens, parents)
+            self.drafter.commit(state, torch.arange(width, device=self.device).expand(len(prompts), width), lengths)
+
+    def _root_only(self, roots: list[int]) -> tuple[FlatTree, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        batch = len(roots)
+        dev = self.device
+        tree = FlatTree(
+            tokens=torch.full((batch, 1), -1, dtype=torch.long, device=dev),
+            parents=torch.full((batch, 1), -1, dtype=torch.long, device=dev),
+            depths=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+            draws=torch.full((batch, 1, 1), -1, dtype=torch.long, device=dev),
+            valid=torch.ones(batch, 1, dtype=torch.bool, device=dev),
+            process=self.strategy.process,
+        )
+        tokens_in = torch.tensor(roots, dtype=torch.long, device=dev).unsqueeze(1)
+        self._pending_width = 0
+        return tree, None, torch.full((batch, 1), -1, dtype=torch.long, device=dev), tokens_in
+
+    def _draft_q(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """The distribution the drafter samples from, ``[B, F, V]``."""
+        st = self.strategy
+        if st.shape == "topk" or (sampling.greedy and st.shape in ("iid", "delayed")):
+            return torch.softmax(logits.float(), dim=-1)
+        if sampling.greedy:
+            return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return self._probs(logits, sampling)
+
+    def _draft(
+        self,
+        state: Any,
+        pending: list[list[int]],
+        roots: list[int],
+        depth_cap: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[FlatTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert self.drafter is not None
+        st = self.strategy
+        dev = self.device
+        batch = len(pending)
+        width = max(len(p) for p in pending)
+        self._pending_width = width
+        ptoks = torch.zeros(batch, width, dtype=torch.long)
+        ppar = torch.full((batch, width), -1, dtype=torch.long)
+        for b, p in enumerate(pending):  # left-padded chain ending with the root token at index width-1
+            off = width - len(p)
+            ptoks[b, off:] = torch.tensor(p, dtype=torch.long)
+            ppar[b, off + 1 :] = torch.arange(off, width - 1)
+        logits = self.drafter.forward(state, ptoks.to(dev), ppar.to(dev))[:, -1:]  # [B, 1, V] at the root
+        trees = [_RowTree(width - 1) for _ in range(batch)]
+        frontier: list[list[int]] = [[0] for _ in range(batch)]
+        q_of: list[dict[int, torch.Tensor]] = [{} for _ in range(batch)]
+        k_paths = st.num_paths
+        for b in range(batch):
+            trees[b].paths[0] = list(range(k_paths))
+        for depth in range(depth_cap):
+            q = self._draft_q(logits, sampling)  # [B, F, V]
+            fmax = q.shape[1]
+            new_frontier: list[list[int]] = [[] for _ in range(batch)]
+            if st.shape == "topk":
+                top_vals, top_ids = torch.topk(q, min(st.top_k, q.shape[-1]), dim=-1)
+                tv, ti = top_vals.tolist(), top_ids.tolist()
+                for b in range(batch):
+                    tr = trees[b]
+                    for f, node in enumerate(frontier[b]):
+                        q_of[b][node] = q[b, f]
+                        for val, tok in zip(tv[b][f], ti[b][f]):
+                            if val > 0:
+                                tr.add(node, tok, [], tr.score[node] * val)
+                    # keep the `budget` best non-root nodes (confidence desc, token asc, creation order)
+                    order = sorted(
+                        (i for i in range(1, len(tr.tokens)) if tr.alive[i]),
+                        key=lambda i: (-tr.score[i], tr.tokens[i], i),
+                    )
+                    keep = set(order[: st.budget])
+                    for i in range(1, len(tr.tokens)):
+                        if tr.alive[i] and i not in keep:
+                            tr.alive[i] = False
+                    new_frontier[b] = [i for i in range(1, len(tr.tokens)) if tr.alive[i] and tr.depths[i] == depth + 1]
+            else:
+                draws_needed = 1 if depth < st.trunk else k_paths
+                flat_q = q.reshape(batch * fmax, -1)
+                samples = torch.multinomial(flat_q, draws_needed, replacement=True, generator=generator)
+                samples = samples.reshape(batch, fmax, draws_needed).tolist()
+                for b in range(batch):
+                    tr = trees[b]
+                    for f, node in enumerate(frontier[b]):
+                        q_of[b][node] = q[b, f]
+                        if depth < st.trunk:
+                            token = samples[b][f][0]
+                            tr.draws[node].append(token)
+                            new_frontier[b].append(tr.add(node, token, tr.paths[node], 0.0))
+                        else:
+                            for j, path in enumerate(tr.paths[node]):
+                                token = samples[b][f][j]
+                                tr.draws[node].append(token)
+                                child = tr.add(node, token, [path], 0.0)
+                                if child not in new_frontier[b]:
+                                    new_frontier[b].append(child)
+            frontier = new_frontier
+            if depth + 1 >= depth_cap or all(len(f) == 0 for f in frontier):
+                break
+            # forward the new frontier through the drafter (one batched tree pass)
+            fw = max(len(f) for f in frontier)
+            base = self.drafter.num_block(state)
+            ftoks = torch.zeros(batch, fw, dtype=torch.long)
+            fpar = torch.full((batch, fw), -1, dtype=torch.long)
+            for b in range(batch):
+                for j, node in enumerate(frontier[b]):
+                    ftoks[b, j] = trees[b].tokens[node]
+                    fpar[b, j] = trees[b].entry[trees[b].parents[node]]
+                    trees[b].entry[node] = base + j
+                if not frontier[b]:
+                    fpar[b, :] = -1
+            logits = self.drafter.forward(state, ftoks.to(dev), fpar.to(dev))
+            # padding entries hang below the context and are never kept
+        return self._flatten(trees, q_of, roots)
+
+    def _flatten(
+        self, trees: list[_RowTree], q_of: list[dict[int, torch.Tensor]], roots: list[int]
+    ) -> tuple[FlatTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+        st = self.strategy
+        dev = self.device
+        batch = len(trees)
+        kept = [[i for i in range(len(tr.tokens)) if tr.alive[i]] for tr in trees]
+        if st.shape == "topk":  # draws = kept children in rank order (decreasing confidence, then id)
+            for b, tr in enumerate(trees):
+                for i in kept[b]:
+                    tr.draws[i] = []
+                for i in sorted(kept[b][1:], key=lambda i: (-tr.score[i], tr.tokens[i], i)):
+                    tr.draws[tr.parents[i]].append(tr.tokens[i])
+        n = max(len(k) for k in kept)
+        kmax = max(1, max(len(tr.draws[i]) for b, tr in enumerate(trees) for i in kept[b]))
+        tokens = torch.full((batch, n), -1, dtype=torch.long)
+        tokens_in = torch.zeros(batch, n, dtype=torch.long)
+        parents = torch.full((batch, n), -1, dtype=torch.long)
+        depths = torch.full((batch, n), -1, dtype=torch.long)
+        draws = torch.full((batch, n, kmax), -1, dtype=torch.long)
+        valid = torch.zeros(batch, n, dtype=torch.bool)
+        entries = torch.full((batch, n), -1, dtype=torch.long)
+        draft_probs = torch.zeros(batch, n, self.vocab_size, dtype=torch.float32, device=dev)
+        for b, tr in enumerate(trees):
+            slot = {node: s for s, node in enumerate(kept[b])}
+            for s, node in enumerate(kept[b]):
+                tokens[b, s] = tr.tokens[node]
+                tokens_in[b, s] = tr.tokens[node] if s > 0 else roots[b]
+                parents[b, s] = slot[tr.parents[node]] if s > 0 else -1
+                depths[b, s] = tr.depths[node]
+                if tr.draws[node]:
+                    draws[b, s, : len(tr.draws[node])] = torch.tensor(tr.draws[node])
+                valid[b, s] = True
+                entries[b, s] = tr.entry[node]
+                if node in q_of[b]:
+                    draft_probs[b, s] = q_of[b][node]
+        tree = FlatTree(tokens.to(dev), parents.to(dev), depths.to(dev), draws.to(dev), valid.to(dev), st.process)
+        return tree, draft_probs, entries.to(dev), tokens_in.to(dev)
+
+    def _verify_sampling(
+        self,
+        tree: FlatTree,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        sampling: SamplingParams,
+        offset: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        from spec_fast.rng import counter_uniforms
+        from spec_fast.verify import uniforms_per_node, verify_tree
+
+        assert draft_probs is not None
+        target_probs = self._probs(target_logits, sampling)
+        method = self.strategy.verifier
+        per_node = uniforms_per_node(method, tree.max_draws)
+        shape = (tree.batch_size, tree.num_slots, per_node)
+        uniforms = counter_uniforms(sampling.seed + 1, offset, shape, self.device)
+        result = verify_tree(method, tree, target_probs, draft_probs, uniforms)
+        slots = result.accepted_slots  # [B, D+1], -1 padded, root first
+        accepted = torch.zeros_like(tree.valid)
+        accepted.scatter_(1, slots.clamp(min=0), slots >= 0)
+        return accepted, result.num_accepted, result.next_token, offset + tree.num_slots * per_node
+
+
+def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max(1, max((len(r) for r in rows), default=1))
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        if r:
+            out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device)

@@ -1,0 +1,133 @@
+"""A KV cache for tree decoding that keeps exactly the accepted path, by gathering entries in place.
+
+:class:`TreeKVCache` owns an HF ``DynamicCache`` for one model and a batch of ``B`` rows. Between steps
+row ``b``'s committed entries sit left-aligned in physical slots ``[0, lengths[b])``. During a step every
+forward appends *block* entries (pending tokens, draft tree nodes) with a tree attention mask and
+depth-based positions (:mod:`spec_fast.tree_attention`). :meth:`TreeKVCache.commit` then gathers, per row,
+the entries of the accepted path behind the row's context and drops everything else, so the cache equals
+the cache of a fresh prefill of the accepted text, without re-running any accepted token (PEERS.md D2, D4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from spec_fast.tree_attention import additive_mask, extend_ancestors, tree_attention_mask
+
+__all__ = ["TreeKVCache"]
+
+
+class TreeKVCache:
+    """Cache + bookkeeping for one causal LM over a batch of ragged rows.
+
+    Attributes:
+        lengths: ``[B]`` long, committed entries per row.
+        context_size: physical context slots (``max(lengths)`` after a commit).
+        ancestors: ``[B, E, E]`` bool relation between this step's block entries.
+        block_depths: ``[B, E]`` long block depth of each entry (position = ``lengths[b] + depth``).
+    """
+
+    def __init__(self, model: Any, batch_size: int, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.cache = DynamicCache(config=model.config)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.context_size = 0
+        self.ancestors = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)
+        self.block_depths = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        self.passes = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_block(self) -> int:
+        return int(self.block_depths.shape[1])
+
+    def forward(
+        self, tokens: torch.Tensor, parents: torch.Tensor, output_hidden_states: bool = False
+    ) -> Any:
+        """Run the model on ``Q`` new block entries per row and append their KV entries.
+
+        Args:
+            tokens: ``[B, Q]`` long token ids (padding entries may hold any id >= 0).
+            parents: ``[B, Q]`` long block index of each entry's parent (``-1``: directly below the
+                context; padding entries use ``-1`` too and are never attended by real entries).
+            output_hidden_states: forwarded to the model.
+
+        Returns:
+            the HF model output; ``.logits`` is ``[B, Q, V]``.
+        """
+        num_query = int(tokens.shape[1])
+        self.ancestors = extend_ancestors(self.ancestors, parents)
+        # block depth = number of block ancestors (self excluded): the position offset below the context
+        depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
+        self.block_depths = torch.cat([self.block_depths, depths], dim=1)
+        positions = self.lengths.unsqueeze(1) + depths
+        mask = tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query)
+        dtype = next(self.model.parameters()).dtype
+        out = self.model(
+            input_ids=tokens.clamp(min=0),
+            position_ids=positions,
+            attention_mask=additive_mask(mask, dtype),
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=output_hidden_states,
+        )
+        self.passes += 1
+        return out
+
+    def commit(self, keep: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep, per row, the block entries ``keep[b, :counts[b]]`` (in order) behind the context.
+
+        Args:
+            keep: ``[B, C]`` long block indices (entries beyond ``counts[b]`` are ignored).
+            counts: ``[B]`` long number of kept entries per row.
+        """
+        batch = self.batch_size
+        new_lengths = self.lengths + counts
+        start = int(self.lengths.min().item()) if batch > 0 else 0
+        new_size = int(new_lengths.max().item())
+        width = new_size - start
+        if width > 0:
+            # target slot j (>= start) of row b takes physical slot:
+            #   j                                 if j < lengths[b]       (context, unchanged)
+            #   context_size + keep[b, j-lengths[b]] if j < new_lengths[b] (accepted block entry)
+            #   0                                 otherwise              (padding)
+            slots = torch.arange(start, new_size, device=self.device).unsqueeze(0).expand(batch, width)
+            offset = slots - self.lengths.unsqueeze(1)
+            in_block = (offset >= 0) & (offset < counts.unsqueeze(1))
+            if keep.shape[1] > 0:
+                block_src = torch.gather(keep, 1, offset.clamp(0, keep.shape[1] - 1))
+            else:
+                block_src = torch.zeros_like(offset)
+            source = torch.where(offset < 0, slots, self.context_size + block_src)
+            source = torch.where(in_block | (offset < 0), source, torch.zeros_like(source))
+        for layer in self.cache.layers:
+            keys, values = layer.keys, layer.values
+            if keys is None or keys.numel() == 0:
+                continue
+            if width > 0:
+                index = source.view(batch, 1, width, 1).expand(batch, keys.shape[1], width, keys.shape[3])
+                tail_k = torch.gather(keys, 2, index)
+                tail_v = torch.gather(values, 2, index)
+                layer.keys = torch.cat([keys[:, :, :start], tail_k], dim=2)
+                layer.values = torch.cat([values[:, :, :start], tail_v], dim=2)
+            else:
+                layer.keys = keys[:, :, :new_size]
+                layer.values = values[:, :, :new_size]
+        self.lengths = new_lengths
+        self.context_size = new_size
+        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
+        self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+
+    def key_values(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The committed ``(keys, values)`` of one row per layer, each ``[H, lengths[row], D]`` (tests)."""
+        length = int(self.lengths[row].item())
+        return [
+            (layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in self.cache.layers
+        ]

@@ -1,0 +1,88 @@
+"""Per-generation metrics (PEERS.md G3 definitions).
+
+* ``block_efficiency`` = generated tokens / target verification passes (each pass emits tau + 1 tokens,
+  the bonus or correction token included; AR has 1.0);
+* ``accepted_length_histogram[t]`` = number of (row, step) pairs that accepted exactly ``t`` draft tokens;
+* ``per_depth_acceptance[d-1]`` = P(depth ``d`` accepted | the step's tree reached depth ``d``);
+* ``ttft_s`` = time to the first generated token (prefill + first step), ``tpot_s`` = mean time per
+  output token after the first, ``tokens_per_s`` = generated tokens / wall time;
+* ``peak_memory_bytes`` = CUDA peak allocation on GPU, process max RSS on CPU.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["GenerationMetrics", "peak_memory_bytes"]
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+@dataclass
+class GenerationMetrics:
+    strategy: str = ""
+    batch_size: int = 1
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_passes: int = 0
+    draft_passes: int = 0
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+    accepted_length_histogram: list[int] = field(default_factory=list)
+    depth_reached: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
+    peak_memory_bytes: int = 0
+
+    @property
+    def block_efficiency(self) -> float:
+        steps = sum(self.accepted_length_histogram)
+        emitted = sum((t + 1) * n for t, n in enumerate(self.accepted_length_histogram))
+        return emitted / steps if steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        per_row = self.generated_tokens / max(self.batch_size, 1)
+        return (self.wall_s - self.ttft_s) / (per_row - 1) if per_row > 1 else 0.0
+
+    @property
+    def per_depth_acceptance(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)]
+
+    def record_step(self, accepted: list[int], tree_depths: list[int]) -> None:
+        """One verification step: ``accepted[b]`` draft tokens accepted by row b, whose tree had depth
+        ``tree_depths[b]``."""
+        for tau, depth in zip(accepted, tree_depths):
+            while len(self.accepted_length_histogram) <= tau:
+                self.accepted_length_histogram.append(0)
+            self.accepted_length_histogram[tau] += 1
+            while len(self.depth_reached) < depth:
+                self.depth_reached.append(0)
+                self.depth_accepted.append(0)
+            for d in range(depth):
+                self.depth_reached[d] += 1
+                if d < tau:
+                    self.depth_accepted[d] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            block_efficiency=self.block_efficiency,
+            tokens_per_s=self.tokens_per_s,
+            tpot_s=self.tpot_s,
+            per_depth_acceptance=self.per_depth_acceptance,
+        )
+        return out

@@ -1,0 +1,140 @@
+"""Decoding strategies: tree shapes, how the drafter fills them, and which verifier checks them.
+
+A :class:`Strategy` names a tree shape and a verifier:
+
+=============  ===========================================  =========================================
+``shape``      tree                                         verifiers (sampling; greedy always works)
+=============  ===========================================  =========================================
+``ar``         no draft: plain autoregressive decoding      --
+``chain``      one path of ``depth`` draft tokens           ``naive`` (default), ``bv``, ``traversal``
+``iid``        ``K`` i.i.d. paths of ``depth`` tokens       ``specinfer`` (default), ``naive_tree``,
+               (merged by token, draw order kept)           ``nss``, ``spectr``, ``khisti``, ``traversal``
+``delayed``    trunk of ``L1`` tokens, then ``K`` i.i.d.    same as ``iid``
+               branches of ``L2`` tokens (seeds/002 Def 5.2)
+``topk``       deterministic budgeted top-k tree (EAGLE-2;  ``nss`` (the only lossless sampling choice,
+               same rule as :func:`spec_ref.draft_topk_tree`) ALGORITHMS.md section 2)
+=============  ===========================================  =========================================
+
+At temperature 0 every strategy is verified by the exact greedy rule (ALGORITHMS.md section 8); with
+``iid``/``delayed`` shapes the draft then samples its paths from ``softmax(draft logits)`` (the draft law
+is irrelevant to greedy verification), a ``chain`` follows the draft's argmax.
+
+Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
+``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY"]
+
+#: Verifiers that each shape accepts at temperature > 0.
+SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
+    "ar": (),
+    "chain": ("naive", "bv", "traversal", "nss"),
+    "iid": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
+    "delayed": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
+    "topk": ("nss",),
+}
+_DEFAULT_VERIFIER = {"ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss"}
+
+#: The CLI default (measured best on SmolLM2 with the early-exit draft; see bench/results/engine.md).
+DEFAULT_STRATEGY = "chain:4"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A tree shape plus a sampling verifier (greedy verification is used at temperature 0).
+
+    ``num_paths`` K, ``trunk`` L1, ``depth`` total depth L (= L1 + L2 for delayed trees), ``top_k`` and
+    ``budget`` for ``topk`` trees.
+    """
+
+    shape: str = "chain"
+    depth: int = 4
+    num_paths: int = 1
+    trunk: int = 0
+    top_k: int = 0
+    budget: int = 0
+    verifier: str = ""
+
+    def __post_init__(self) -> None:
+        if self.shape not in SAMPLING_VERIFIERS:
+            raise ValueError(f"shape must be one of {sorted(SAMPLING_VERIFIERS)}, got shape={self.shape!r}")
+        for name in ("depth", "num_paths", "trunk", "top_k", "budget"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {name}={value!r}")
+        if self.shape != "ar" and self.depth < 1:
+            raise ValueError(f"depth must be >= 1 for shape {self.shape!r}, got depth={self.depth}")
+        if self.shape in ("iid", "delayed") and self.num_paths < 1:
+            raise ValueError(f"num_paths must be >= 1, got num_paths={self.num_paths}")
+        if self.shape == "delayed" and not self.trunk < self.depth:
+            raise ValueError(f"trunk must be < depth, got trunk={self.trunk}, depth={self.depth}")
+        if self.shape == "topk" and (self.top_k < 1 or self.budget < 1):
+            raise ValueError(f"topk trees need top_k >= 1 and budget >= 1, got {self.top_k}, {self.budget}")
+        verifier = self.verifier or _DEFAULT_VERIFIER[self.shape]
+        if verifier != "greedy" and verifier not in SAMPLING_VERIFIERS[self.shape]:
+            raise ValueError(
+                f"verifier {verifier!r} is not valid for shape {self.shape!r}; "
+                f"choose from {('greedy',) + SAMPLING_VERIFIERS[self.shape]}"
+            )
+        object.__setattr__(self, "verifier", verifier)
+
+    @property
+    def drafts(self) -> bool:
+        return self.shape != "ar"
+
+    @property
+    def process(self) -> str:
+        return "deterministic" if self.shape == "topk" else "iid"
+
+    def label(self) -> str:
+        if self.shape == "ar":
+            return "ar"
+        if self.shape == "chain":
+            return f"chain:{self.depth}/{self.verifier}"
+        if self.shape == "iid":
+            return f"iid:{self.num_paths}x{self.depth}/{self.verifier}"
+        if self.shape == "delayed":
+            return f"delayed:{self.num_paths},{self.trunk},{self.depth - self.trunk}/{self.verifier}"
+        return f"topk:{self.depth},{self.top_k},{self.budget}/{self.verifier}"
+
+
+def _ints(text: str, sep: str, count: int, spec: str) -> list[int]:
+    parts = text.split(sep)
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"strategy {spec!r}: expected {count} integers separated by {sep!r}") from None
+    if len(values) != count:
+        raise ValueError(f"strategy {spec!r}: expected {count} integers separated by {sep!r}")
+    return values
+
+
+def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
+    """``ar`` | ``chain:L`` | ``iid:KxL`` | ``delayed:K,L1,L2`` | ``topk:DEPTH,K,BUDGET`` -> :class:`Strategy`."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"strategy must be a non-empty string, got strategy={spec!r}")
+    shape, _, args = spec.partition(":")
+    v = verifier or ""
+    if shape == "ar":
+        return Strategy(shape="ar", depth=0, verifier="greedy")
+    if shape == "chain":
+        (depth,) = _ints(args or "4", ",", 1, spec)
+        return Strategy(shape="chain", depth=depth, num_paths=1, verifier=v)
+    if shape == "iid":
+        k, depth = _ints(args or "2x4", "x", 2, spec)
+        return Strategy(shape="iid", depth=depth, num_paths=k, verifier=v)
+    if shape == "delayed":
+        k, l1, l2 = _ints(args or "2,2,2", ",", 3, spec)
+        if l2 < 1:
+            raise ValueError(f"strategy {spec!r}: L2 must be >= 1")
+        return Strategy(shape="delayed", depth=l1 + l2, num_paths=k, trunk=l1, verifier=v)
+    if shape == "topk":
+        depth, k, budget = _ints(args or "4,2,8", ",", 3, spec)
+        return Strategy(shape="topk", depth=depth, top_k=k, budget=budget, verifier=v)
+    raise ValueError(
+        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2 or topk:DEPTH,K,BUDGET"
+    )

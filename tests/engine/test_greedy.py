@@ -1,0 +1,93 @@
+"""Greedy speculative output is byte-identical to ``target.generate(do_sample=False)`` in float32.
+
+Every strategy (tree shape) on tiny random Llama- and GPT-2-style models, a ragged batch of prompts, both a
+separate draft model and the self-speculative early-exit drafter; and SmolLM2 (``@pytest.mark.model``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from spec_fast.drafters import EarlyExitDrafter, ModelDrafter, early_exit_model
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.strategies import parse_strategy
+from tests.engine.models import hf_greedy, tiny_gpt2, tiny_llama
+
+STRATEGIES = ["ar", "chain:1", "chain:4", "iid:3x3", "delayed:2,1,2", "delayed:3,2,1", "topk:3,2,6", "topk:4,3,12"]
+PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1], [60]]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def target(request: Any) -> Any:
+    return tiny_llama() if request.param == "llama" else tiny_gpt2()
+
+
+@pytest.fixture(scope="module")
+def reference(target: Any) -> list[list[int]]:
+    return [hf_greedy(target, p, NEW_TOKENS) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_output_equals_hf_generate_for_every_strategy_with_early_exit_draft(
+    target: Any, reference: list[list[int]], strategy: str
+) -> None:
+    decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy(strategy))
+    result = decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+    assert result.tokens == reference
+
+
+@pytest.mark.parametrize("strategy", ["chain:3", "iid:2x3", "topk:3,2,5"])
+def test_greedy_output_equals_hf_generate_with_a_separate_draft_model(
+    target: Any, reference: list[list[int]], strategy: str
+) -> None:
+    draft = tiny_llama(layers=1, seed=7) if hasattr(target, "model") else tiny_gpt2(layers=1, seed=7)
+    decoder = SpeculativeDecoder(target, ModelDrafter(draft), parse_strategy(strategy))
+    assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).tokens == reference
+
+
+def test_a_self_draft_accepts_every_token_and_stays_exact() -> None:
+    target = tiny_llama()
+    decoder = SpeculativeDecoder(target, ModelDrafter(target), parse_strategy("chain:4"))
+    result = decoder.generate([PROMPTS[0]], max_new_tokens=NEW_TOKENS - 1)
+    assert result.tokens == [hf_greedy(target, PROMPTS[0], NEW_TOKENS - 1)]
+    # every step accepts the full chain (4 drafts + bonus) except the last, capped by max_new_tokens
+    assert result.metrics.accepted_length_histogram[4] >= 4
+    assert result.metrics.block_efficiency > 4
+
+
+def test_generation_stops_at_eos_like_hf_generate() -> None:
+    target = tiny_llama()
+    reference = hf_greedy(target, PROMPTS[0], NEW_TOKENS)
+    eos = reference[5]
+    decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy("chain:4"))
+    result = decoder.generate([PROMPTS[0]], max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    assert result.tokens[0] == reference[: reference.index(eos) + 1]
+
+
+def test_early_exit_model_shares_the_target_weights_and_runs_hf_assisted_generation() -> None:
+    target = tiny_llama()
+    draft = early_exit_model(target, 2)
+    assert draft.model.layers[0] is target.model.layers[0]
+    assert draft.lm_head is target.lm_head
+    assert len(draft.model.layers) == 2
+    out = target.generate(
+        torch.tensor([PROMPTS[0]]), assistant_model=draft, max_new_tokens=10, min_new_tokens=10,
+        do_sample=False, eos_token_id=None, pad_token_id=0,
+    )
+    assert [int(t) for t in out[0, len(PROMPTS[0]):]] == hf_greedy(target, PROMPTS[0], 10)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("strategy", ["chain:4", "topk:4,2,8"])
+def test_smollm2_greedy_output_equals_hf_generate(smollm2: Any, strategy: str) -> None:
+    model, tokenizer = smollm2
+    from spec_fast.models import chat_prompt_ids
+
+    prompt = chat_prompt_ids(tokenizer, "Name three colours of the rainbow.")
+    reference = hf_greedy(model, prompt, 24)
+    decoder = SpeculativeDecoder(model, EarlyExitDrafter(model, 8), parse_strategy(strategy))
+    assert decoder.generate([prompt], max_new_tokens=24).tokens == [reference]
