@@ -102,7 +102,9 @@ def conditional_law(solver: Solver, plan: SolverPlan, draws: Sequence[int]) -> L
 def acceptance_from_joint(joint: Mapping[Hashable, Fraction]) -> Fraction:
     """``P(Y in {X_1..X_k})`` read off an exact joint law of ``(draws, output)``."""
     total = F(0)
-    for (draws, output), mass in joint.items():  # type: ignore[misc]
+    for key, mass in joint.items():
+        pair: tuple[tuple[int, ...], int] = key  # type: ignore[assignment]
+        draws, output = pair
         if output in draws:
             total += mass
     return total
@@ -514,9 +516,9 @@ def traversal_oracle(tree: Any, target: Table, rng: Any, rule: str = "current", 
                 continue
             u = c
         if u == 0:
-            return prefix[0] + (rng.categorical(np.array(P[0], dtype=object)),)
+            return tuple(prefix[0]) + (int(rng.categorical(np.array(P[0], dtype=object))),)
         if rng.bernoulli(w[u]):
-            return prefix[u] + (rng.categorical(np.array(P[u], dtype=object)),)
+            return tuple(prefix[u]) + (int(rng.categorical(np.array(P[u], dtype=object))),)
         parent = tree.parents[u]
         rounds[parent].pop(0)
         reject(parent, tree.tokens[u])

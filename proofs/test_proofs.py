@@ -44,6 +44,7 @@ from spec_ref.solvers import KhistiRound, Solver, SolverPlan
 from spec_ref.tree import DraftTree as _DraftTree
 
 THEOREMS = C.theorem_files()
+SOLVERS_KHISTI: KhistiSolver = SOLVERS["khisti"]  # type: ignore[assignment]
 
 
 # ==========================================================================================================
@@ -87,6 +88,48 @@ def test_the_index_lists_every_theorem_file() -> None:
     index = (C.PROOFS / "README.md").read_text()
     missing = [path.name for path in THEOREMS if path.name not in index]
     assert not missing, f"proofs/README.md does not list {missing}"
+
+
+#: Which spec_ref modules implement each theorem; each must cite the theorem ID back in its source.
+BACK_CITATIONS: dict[str, tuple[str, ...]] = {
+    "T01": ("spec_ref.solvers",),
+    "T02": ("spec_ref.solvers",),
+    "T03": ("spec_ref.verify", "spec_ref.efficiency"),
+    "T04": ("spec_ref.verify", "spec_ref.efficiency"),
+    "T05": ("spec_ref.verify",),
+    "T06": ("spec_ref.verify", "spec_ref.dual", "spec_ref.drafting"),
+    "T07": ("spec_ref.tensorize", "spec_ref.dual", "spec_ref.verify", "spec_ref.dynatree"),
+    "T08": ("spec_ref.decoding",),
+}
+#: (theorem, module) pairs whose back-citation the module's owner has not added yet. These modules belong to
+#: other engineers; the integrator adds one docstring line each and then deletes the entry here.
+BACK_CITATIONS_PENDING: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("T03", "spec_ref.verify"), ("T04", "spec_ref.verify"), ("T05", "spec_ref.verify"),
+        ("T06", "spec_ref.verify"), ("T07", "spec_ref.verify"), ("T03", "spec_ref.efficiency"),
+        ("T04", "spec_ref.efficiency"), ("T06", "spec_ref.dual"), ("T07", "spec_ref.dual"),
+        ("T06", "spec_ref.drafting"), ("T07", "spec_ref.tensorize"), ("T07", "spec_ref.dynatree"),
+    }
+)
+
+
+def _cites(module: str, theorem: str) -> bool:
+    import importlib
+    import inspect
+
+    return f"proofs/{theorem}" in inspect.getsource(importlib.import_module(module))
+
+
+@pytest.mark.parametrize("theorem", sorted(BACK_CITATIONS))
+def test_every_module_implementing_a_theorem_cites_it_back(theorem: str) -> None:
+    path = next(p for p in THEOREMS if p.name.startswith(theorem))
+    cited = C.cited_code(path.read_text())
+    missing = []
+    for module in BACK_CITATIONS[theorem]:
+        assert any(name.startswith(module + ".") for name in cited), f"{path.name} must cite {module}"
+        if (theorem, module) not in BACK_CITATIONS_PENDING and not _cites(module, theorem):
+            missing.append(module)
+    assert not missing, f"{missing} implement {theorem} but do not cite proofs/{theorem}_... in their source"
 
 
 def test_structure_checks_reject_a_file_with_a_missing_section_a_bad_name_and_a_bad_test() -> None:
@@ -226,7 +269,7 @@ def test_t01_acceptance_rate_equals_the_stated_closed_form_and_the_enumerated_tr
             if name == "khisti":
                 # Alg 10: sum min(p, r_k) = P(Y = champion) <= alpha (T01, Khisti part).
                 r = [F(v) for v in plan.extras["champion_law"]]
-                bound = F(solver.acceptance_lower_bound(list(case.target_probs), list(case.draft_probs), k))
+                bound = F(SOLVERS_KHISTI.acceptance_lower_bound(list(case.target_probs), list(case.draft_probs), k))
                 assert bound == (sum((min(a, b) for a, b in zip(case.target_probs, r)), F(0)) if k else 0)
                 assert bound <= truth
             else:
@@ -253,7 +296,7 @@ def test_t01_khisti_champion_after_each_round_has_exactly_the_round_law() -> Non
                     weight = F(1)
                     for x in draws:
                         weight *= case.draft_probs[x]
-                    for champion, mass in solver.champion_distribution(plan, draws).items():
+                    for champion, mass in SOLVERS_KHISTI.champion_distribution(plan, draws).items():
                         law[champion] += weight * F(mass)
                 assert law == [F(v) for v in plan.extras["rounds"][t - 2].law], (case.name, k, t)
 
@@ -306,7 +349,7 @@ class NaiveResampleFromTarget(NaiveSolver):
         first = tokens[0]
         if rng.uniform() * plan.draft_probs[first] < plan.target_probs[first]:
             return first
-        return rng.categorical(plan.target_probs)
+        return int(rng.categorical(plan.target_probs))
 
 
 class SpecInferNoResidualUpdate(SpecInferSolver):
@@ -330,7 +373,7 @@ class SpecInferDrawsAsTheyCome(SpecInferSolver):
             target = mass / mass.sum() if mass.sum() > 0 else target
             draft[token] = 0 * draft[token]
             draft = draft / draft.sum() if draft.sum() > 0 else plan.draft_probs.copy()
-        return rng.categorical(target)
+        return int(rng.categorical(target))
 
 
 @pytest.mark.parametrize(
@@ -632,7 +675,9 @@ def test_t03_eq1_averaging_eq3_over_random_delayed_trees_gives_the_overall_expec
     step = verifier("spectr", TARGET_3)
     overall = exact_law(lambda rng: len(step(build(rng), rng)))
     by_tree = exact_law(lambda rng: F(expected_block_efficiency(build(rng), C.as_model(TARGET_3), "spectr")))
-    assert sum((F(k) * v for k, v in overall.items()), F(0)) == sum((F(k) * v for k, v in by_tree.items()), F(0))  # type: ignore[arg-type]
+    mean_overall = sum((F(int(k)) * v for k, v in overall.items()), F(0))  # type: ignore[call-overload]
+    mean_by_tree = sum((F(k) * v for k, v in by_tree.items()), F(0))  # type: ignore[call-overload]
+    assert mean_overall == mean_by_tree
 
 
 def test_t03_eq3_rejects_a_driver_that_stops_after_a_residual_sampled_child() -> None:
@@ -646,13 +691,13 @@ def test_t03_eq3_rejects_a_driver_that_stops_after_a_residual_sampled_child() ->
         while True:
             p = TARGET_3[tree.path_tokens(u)]
             if not tree.draws[u]:
-                return tree.path_tokens(u) + (rng.categorical(np.array(p, dtype=object)),)
+                return tuple(tree.path_tokens(u)) + (int(rng.categorical(np.array(p, dtype=object))),)
             first = tree.draws[u][0]
             if rng.uniform() * F(tree.draft_probs[u][first]) < p[first]:
                 u = tree.child(u, first)
                 continue
             q = [F(v) for v in tree.draft_probs[u]]
-            return tree.path_tokens(u) + (rng.categorical(np.array(C.res(p, q), dtype=object)),)
+            return tuple(tree.path_tokens(u)) + (int(rng.categorical(np.array(C.res(p, q), dtype=object))),)
 
     assert tree_lossless(iid_builder(DRAFT_3, 2, 2), stop_on_residual, TARGET_3, 3)  # lossless ...
     differs = []
@@ -743,9 +788,9 @@ def bv_accepting_with_w(target: C.Table) -> Any:
         prefix = tree.path_tokens(nodes[tau])
         p = target[prefix]
         if tau == L:
-            return prefix + (rng.categorical(np.array(p, dtype=object)),)
+            return tuple(prefix) + (int(rng.categorical(np.array(p, dtype=object))),)
         q = [F(v) for v in tree.draft_probs[nodes[tau]]]
-        return prefix + (rng.categorical(np.array(C.res([w[tau] * v for v in p], q), dtype=object)),)
+        return tuple(prefix) + (int(rng.categorical(np.array(C.res([w[tau] * v for v in p], q), dtype=object))),)
 
     return step
 
@@ -815,7 +860,7 @@ def topk(draft: C.Table, depth: int = 2, top_k: int = 2, budget: int = 4) -> Any
 
 def as_sampled(tree: Any, draft: C.Table) -> Any:
     """Negative-control device: the same drafted tokens presented as i.i.d. samples from the softmax q."""
-    probs = tuple(list(draft[tree.path_tokens(u)]) if tree.draws[u] else None for u in range(tree.num_nodes))
+    probs = tuple(np.array(draft[tree.path_tokens(u)], dtype=object) if tree.draws[u] else None for u in range(tree.num_nodes))
     return _DraftTree(tree.tokens, tree.parents, tree.draws, probs, process="iid")
 
 
@@ -844,7 +889,7 @@ def test_t06_deterministic_drafts_verified_with_their_softmax_q_are_lossy_and_re
 
 def test_t06_the_softmax_q_counterexample_of_the_theorem_has_the_stated_exact_law() -> None:
     p = q = [F(3, 4), F(1, 4)]
-    tree = _DraftTree((-1, 0), (-1, 0), ((0,), ()), (q, None), process="iid")  # argmax draft posed as a sample
+    tree = _DraftTree((-1, 0), (-1, 0), ((0,), ()), (np.array(q, dtype=object), None), process="iid")  # argmax draft posed as a sample
     law = exact_law(lambda rng: verify(tree, lambda prefix: p, "naive_tree", rng).tokens[0])
     assert law == {0: F(1)} and C.vector_law(p) == {0: F(3, 4), 1: F(1, 4)}
 
@@ -869,7 +914,7 @@ def routed_on_samples(q_heads: list[list[Fraction]], method: str, target: list[F
     def first_token(rng: Any) -> int:
         draws = [rng.categorical(np.array(q, dtype=object)) for q in q_heads]
         head = 0 if q_heads[0][draws[0]] >= q_heads[1][draws[1]] else 1
-        tree = _DraftTree((-1, draws[head]), (-1, 0), ((draws[head],), ()), (q_heads[head], None))
+        tree = _DraftTree((-1, draws[head]), (-1, 0), ((draws[head],), ()), (np.array(q_heads[head], dtype=object), None))
         return verify(tree, lambda prefix: target, method, rng).tokens[0]
 
     return first_token
@@ -1004,7 +1049,7 @@ def test_t07_greedy_check_rejects_argmax_ties_broken_by_the_highest_id() -> None
             token = max(t for t, v in enumerate(row) if v == max(row))
             child = tree.child(u, token)
             if child is None:
-                return tree.path_tokens(u) + (token,)
+                return tuple(tree.path_tokens(u)) + (token,)
             u = child
 
     assert greedy_failures(highest_tie, all_two_path_trees(DRAFT_3B), target) != []
