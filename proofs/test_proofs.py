@@ -103,14 +103,7 @@ BACK_CITATIONS: dict[str, tuple[str, ...]] = {
 }
 #: (theorem, module) pairs whose back-citation the module's owner has not added yet. These modules belong to
 #: other engineers; the integrator adds one docstring line each and then deletes the entry here.
-BACK_CITATIONS_PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("T03", "spec_ref.verify"), ("T04", "spec_ref.verify"), ("T05", "spec_ref.verify"),
-        ("T06", "spec_ref.verify"), ("T07", "spec_ref.verify"), ("T03", "spec_ref.efficiency"),
-        ("T04", "spec_ref.efficiency"), ("T06", "spec_ref.dual"), ("T07", "spec_ref.dual"),
-        ("T06", "spec_ref.drafting"), ("T07", "spec_ref.tensorize"), ("T07", "spec_ref.dynatree"),
-    }
-)
+BACK_CITATIONS_PENDING: frozenset[tuple[str, str]] = frozenset()
 
 
 def _cites(module: str, theorem: str) -> bool:

@@ -21,6 +21,8 @@ exact (Fraction) mode exact; :attr:`ScoredDraftTree.log_scores` gives the logs.
 
 Node numbering: DFS pre-order with children in draw order (as :meth:`DraftTree.from_paths`), so ancestors
 come first.
+
+Theorem: proofs/T06_deterministic_trees_and_routing.md (deterministic trees need NSS).
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ product of draft probabilities along the path, :class:`~spec_ref.drafting.Scored
 ``mu_h`` = mean confidence over the retained draft nodes (root excluded; ``mu_h = 0`` when a head has no
 draft node), ``h* = argmax mu_h`` with ties to head 1. Each step commits ``A_k = 1 + a`` tokens (the root
 token plus ``a`` accepted draft tokens; seeds/000 section 9): :func:`tokens_per_step`.
+
+Theorems: proofs/T06_deterministic_trees_and_routing.md (routing), proofs/T07_merge_and_greedy.md (merge, greedy).
 """
 
 from __future__ import annotations

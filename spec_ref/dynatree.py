@@ -43,6 +43,8 @@ accepted length ``tau_r`` (draft tokens accepted, bonus excluded) and appends ``
 
 The adjustment is relative to the *base* parameters (stateless given the window), so it cannot drift;
 ``0 < tau_l' < tau_h' < 1`` and ``1 <= D_0' < D_max`` hold by the parameter validation.
+
+Theorem: proofs/T07_merge_and_greedy.md (DynaTree commits the greedy continuation).
 """
 
 from __future__ import annotations

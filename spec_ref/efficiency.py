@@ -16,6 +16,8 @@
   E[tau + 1 | tree]. It removes the verification variance, not the drafting variance.
 
 Results are Fractions in exact mode (any Fraction input) and floats otherwise.
+
+Theorems: proofs/T03_ot_tree_driver.md (eq. 1-3), proofs/T04_chain_bv_tree_verification.md (closed forms).
 """
 
 from __future__ import annotations

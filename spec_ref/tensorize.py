@@ -13,6 +13,8 @@ s_{t+1}; in :class:`~spec_ref.tree.DraftTree` terms the context whose next token
   the root-to-leaf path starting with 0, padded with -1; ``D = max depth + 1`` (seeds/001 4.4).
 
 All arrays are read-only NumPy arrays.
+
+Theorem: proofs/T07_merge_and_greedy.md (mask and positions give each node its path's context).
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ exact enumeration in ``tests/ref/test_verify_exact.py``), as are nss, greedy and
 
 Everything runs in float64 or, when any input probability is a :class:`fractions.Fraction`, in exact
 rational arithmetic (the mode of :mod:`spec_ref._validate`).
+
+Theorems: proofs/T03_ot_tree_driver.md, proofs/T04_chain_bv_tree_verification.md, proofs/T05_traversal.md,
+proofs/T06_deterministic_trees_and_routing.md, proofs/T07_merge_and_greedy.md.
 """
 
 from __future__ import annotations
