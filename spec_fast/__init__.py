@@ -14,3 +14,6 @@ from spec_fast.verify import METHODS, TreeVerifyOutput, draw_uniforms, uniforms_
 
 __all__ += ["decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutput", "draw_uniforms",
             "uniforms_per_node", "verify_tree"]
+from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
+
+__all__ += ["solver_sample", "solver_branching", "solver_acceptance"]

@@ -403,38 +403,49 @@ def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tenso
     return torch.where(accepted, choice, y), accepted
 
 
-def _khisti_tables(
-    node: _Node, need: Tensor, truncation: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Host LPs: ``keep [R, K, K]`` (KEEP1 of champion draw a vs challenger draw t), the champion law
-    ``[R, V]`` float32 and its float64 values at the draws ``[R, K]``. Rows with k < 2 get q."""
+def _khisti_plans(target: Tensor, draft: Tensor, count: Tensor, need: Tensor, truncation: int) -> dict[int, Any]:
+    """Host LPs (``spec_ref.KhistiSolver.plan``) for the rows in ``need [R]``: row -> SolverPlan.
+
+    One host synchronisation (documented): p and q of those rows are copied to the host in float64, the
+    same values the reference validates, so HiGHS sees identical inputs and returns identical weights.
+    """
     from spec_ref.solvers import KhistiSolver  # host-side LP routine (same HiGHS call as the reference)
 
-    rows, k_max = node.draws.shape
-    device = node.count.device
+    idx = need.nonzero().squeeze(1).cpu().tolist()
+    if not idx:
+        return {}
+    solver = KhistiSolver(truncation)
+    targets = target[idx].to(torch.float64).cpu().numpy()
+    drafts = draft[idx].to(torch.float64).cpu().numpy()
+    counts = count[idx].cpu().tolist()
+    return {r: solver.plan(targets[n], drafts[n], int(counts[n])) for n, r in enumerate(idx)}
+
+
+def _khisti_tables(
+    draft: Tensor, draws: Tensor, plans: dict[int, Any]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``keep [R, K, K]`` (KEEP1 of the champion at draw a vs the challenger at draw t, float64), the
+    champion law ``[R, V]`` (float32) and its float64 values at the draws ``[R, K]``; rows without a plan
+    (k < 2) get r = q and KEEP1 = 1."""
+    rows, k_max = draws.shape
+    device = draws.device
     keep = torch.ones(rows, k_max, k_max, dtype=torch.float64)
-    law = node.draft.clone()
-    law_at_draws = _take_all(node.draft, node.draws).to(torch.float64).cpu()
-    idx = need.nonzero().squeeze(1).cpu().tolist()  # one host synchronisation (documented)
-    if idx:
-        solver = KhistiSolver(truncation)
-        targets = node.target[idx].to(torch.float64).cpu().numpy()
-        drafts = node.draft[idx].to(torch.float64).cpu().numpy()
-        draws = node.draws[idx].cpu().numpy()
-        counts = node.count[idx].cpu().numpy()
-        laws = np.empty_like(targets)
-        for n, r in enumerate(idx):
-            k = int(counts[n])
-            plan = solver.plan(targets[n], drafts[n], k)
-            tokens = [int(t) for t in draws[n, :k]]
+    law = draft.clone()
+    law_at_draws = _take_all(draft, draws).to(torch.float64).cpu()
+    if plans:
+        host_draws = draws.cpu().tolist()
+        laws = []
+        for r, plan in plans.items():
+            k = plan.k
+            tokens = [int(t) for t in host_draws[r][:k]]
             champion_law = np.asarray(plan.extras["champion_law"], dtype=np.float64)
-            laws[n] = champion_law
+            laws.append(champion_law)
             for t, pair in enumerate(plan.extras["rounds"], start=1):
                 for a in range(t):
                     keep[r, a, t] = float(pair.keep_first(tokens[a], tokens[t]))
             for j in range(k):
-                law_at_draws[r, j] = champion_law[tokens[j]]
-        law[idx] = torch.from_numpy(laws).to(device=device, dtype=law.dtype)
+                law_at_draws[r, j] = float(champion_law[tokens[j]])
+        law[list(plans)] = torch.from_numpy(np.stack(laws)).to(device=device, dtype=law.dtype)
     return keep.to(device), law, law_at_draws.to(device)
 
 
@@ -449,7 +460,8 @@ def _solve_khisti(node: _Node, ctx: _Rows, truncation: int) -> tuple[Tensor, Ten
     rows, k_max = node.draws.shape
     count = node.count
     device = count.device
-    keep, law, law_at_draws = _khisti_tables(node, count >= 2, truncation)
+    plans = _khisti_plans(node.target, node.draft, count, count >= 2, truncation)
+    keep, law, law_at_draws = _khisti_tables(node.draft, node.draws, plans)
     champion_index = torch.zeros(rows, dtype=torch.long, device=device)
     row_ids = torch.arange(rows, device=device)
     for t in range(1, k_max):
