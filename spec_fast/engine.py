@@ -526,8 +526,11 @@ class SpeculativeDecoder:
         uniforms = counter_uniforms(sampling.seed + 1, offset, shape, self.device)
         result = verify_tree(method, tree, target_probs, draft_probs, uniforms)
         slots = result.accepted_slots  # [B, D+1], -1 padded, root first
-        accepted = torch.zeros_like(tree.valid)
-        accepted.scatter_(1, slots.clamp(min=0), slots >= 0)
+        n = tree.num_slots
+        # padding (-1) goes to an extra column that is dropped: a clamp to 0 would clear the root
+        accepted = torch.zeros(tree.batch_size, n + 1, dtype=torch.bool, device=slots.device)
+        accepted.scatter_(1, torch.where(slots >= 0, slots, torch.full_like(slots, n)), True)
+        accepted = accepted[:, :n]
         return accepted, result.num_accepted, result.next_token, offset + tree.num_slots * per_node
 
 
