@@ -69,7 +69,6 @@ from spec_ref.efficiency import (
     estimate_block_efficiency,
     exact_block_efficiency,
     expected_block_efficiency,
-    sample_delayed_tree,
 )
 
 __all__ += [
@@ -77,7 +76,6 @@ __all__ += [
     "estimate_block_efficiency",
     "exact_block_efficiency",
     "expected_block_efficiency",
-    "sample_delayed_tree",
 ]
 # issue 3 part B: drafting, tensorisation, dual draft, DynaTree, NDE selector math
 from spec_ref.drafting import ScoredDraftTree, draft_delayed_tree, draft_iid_tree, draft_topk_tree

@@ -28,6 +28,7 @@ from typing import Any
 
 from spec_ref._validate import Scalar, probability_vector
 from spec_ref.rng import RandomSource, as_source, exact_law
+from spec_ref.drafting import draft_delayed_tree
 from spec_ref.tree import DraftTree, Model
 from spec_ref.verify import (
     GREEDY_METHODS,
@@ -47,7 +48,6 @@ __all__ = [
     "exact_block_efficiency",
     "accepted_depth_law",
     "estimate_block_efficiency",
-    "sample_delayed_tree",
 ]
 
 
@@ -153,57 +153,6 @@ def _count(value: Any, name: str, minimum: int) -> int:
     return value
 
 
-def sample_delayed_tree(draft_model: Model, K: int, L1: int, L2: int, rng: Any) -> DraftTree:
-    """A random (K, L1, L2) delayed tree (seeds/002 Def. 5.2); L1 = 0 gives the i.i.d. K x L2 tree.
-
-    Randomness budget (all from ``rng`` itself, in this order): ``categorical(q(trunk_{<i}))`` for the trunk
-    tokens i = 1..L1; then for k = 1..K and j = 1..L2 ``categorical(q(trunk, path_k_{<j}))``. Trunk nodes
-    have one draw each, the branch node (the end of the trunk) has the K first branch tokens in path order,
-    and a node below it has one draw per branch path through it. Nodes are numbered in DFS pre-order with
-    children in first-appearance order (as :meth:`DraftTree.from_paths`).
-    """
-    K, L1, L2 = _count(K, "K", 1), _count(L1, "L1", 0), _count(L2, "L2", 0)
-    if not callable(draft_model):
-        raise ValueError(f"draft_model must be a function prefix -> probabilities [V], got {draft_model!r}")
-    source = as_source(rng)
-    cache: dict[tuple[int, ...], Any] = {}
-
-    def q(prefix: tuple[int, ...]) -> Any:
-        if prefix not in cache:
-            cache[prefix] = probability_vector(draft_model(prefix), f"draft_model({prefix})")
-        return cache[prefix]
-
-    draws_of: dict[tuple[int, ...], list[int]] = {(): []}
-    trunk: tuple[int, ...] = ()
-    for _ in range(L1):
-        token = source.categorical(q(trunk))
-        draws_of[trunk].append(token)
-        trunk = trunk + (token,)
-        draws_of[trunk] = []
-    if L2 > 0:
-        for _ in range(K):
-            prefix = trunk
-            for _ in range(L2):
-                token = source.categorical(q(prefix))
-                draws_of[prefix].append(token)
-                prefix = prefix + (token,)
-                draws_of.setdefault(prefix, [])
-    order: list[tuple[int, ...]] = []
-    stack: list[tuple[int, ...]] = [()]
-    while stack:  # DFS pre-order, children in first-appearance order
-        prefix = stack.pop()
-        order.append(prefix)
-        distinct = list(dict.fromkeys(draws_of[prefix]))
-        stack.extend(prefix + (t,) for t in reversed(distinct))
-    index = {prefix: i for i, prefix in enumerate(order)}
-    return DraftTree(
-        tokens=tuple(-1 if not pre else pre[-1] for pre in order),
-        parents=tuple(-1 if not pre else index[pre[:-1]] for pre in order),
-        draws=tuple(tuple(draws_of[pre]) for pre in order),
-        draft_probs=tuple(q(pre) if draws_of[pre] else None for pre in order),
-    )
-
-
 def estimate_block_efficiency(
     target_model: Model,
     draft_model: Model,
@@ -217,14 +166,14 @@ def estimate_block_efficiency(
 ) -> Scalar:
     """The unbiased s-sample estimator of E[tau + 1] over random (K, L1, L2) delayed trees (eq. 1-3).
 
-    Draws ``num_trees`` (s; the seed uses s = 4) trees with :func:`sample_delayed_tree`, one after the other
+    Draws ``num_trees`` (s; the seed uses s = 4) trees with :func:`spec_ref.drafting.draft_delayed_tree`, one after the other
     from ``rng``, and averages :func:`expected_block_efficiency` over them. Its expectation over the drafts
     is exactly E[tau + 1] of drafting + verifying (tested by exact enumeration).
     """
     num_trees = _count(num_trees, "num_trees", 1)
     source = as_source(rng)
     values = [
-        expected_block_efficiency(sample_delayed_tree(draft_model, K, L1, L2, source), target_model, method, **options)
+        expected_block_efficiency(draft_delayed_tree(draft_model, K, L1, L2, source), target_model, method, **options)
         for _ in range(num_trees)
     ]
     total: Any = sum(values[1:], values[0])

@@ -23,7 +23,7 @@ from spec_ref import (
     exact_block_efficiency,
     exact_law,
     expected_block_efficiency,
-    sample_delayed_tree,
+    draft_delayed_tree,
     verify,
 )
 from spec_ref.rng import RandomSource
@@ -132,7 +132,7 @@ def test_the_delayed_tree_estimator_is_unbiased_for_drafting_followed_by_verific
 
 def test_the_delayed_tree_sampler_has_single_draws_on_the_trunk_and_k_at_the_branch_node() -> None:
     draft = random_table(47, 4, zeros=False)
-    tree = sample_delayed_tree(model(draft), 3, 2, 2, 5)
+    tree = draft_delayed_tree(model(draft), 3, 2, 2, 5)
     nodes = [0]
     for _ in range(2):
         assert len(tree.draws[nodes[-1]]) == 1
@@ -150,7 +150,7 @@ def test_the_delayed_tree_sampler_has_single_draws_on_the_trunk_and_k_at_the_bra
 def test_bad_delayed_tree_parameters_are_refused(args: tuple[Any, ...], message: str) -> None:
     draft = random_table(47, 3)
     with pytest.raises(ValueError, match=message):
-        sample_delayed_tree(model(draft), *args, 0)
+        draft_delayed_tree(model(draft), *args, 0)
     with pytest.raises(ValueError, match="num_trees must be"):
         estimate_block_efficiency(model(draft), model(draft), "bv", 1, 1, 1, 0, num_trees=0)
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec_ref import DraftTree, ExactLaw, NodeReplaySource, exact_law, sample_delayed_tree, verify
+from spec_ref import DraftTree, ExactLaw, NodeReplaySource, exact_law, draft_delayed_tree, verify
 from spec_ref.rng import RandomSource
 
 F = Fraction
@@ -70,7 +70,7 @@ def iid_tree(K: int, L: int) -> Callable[[RandomSource, Table], DraftTree]:
 
 
 def delayed_tree(K: int, L1: int, L2: int) -> Callable[[RandomSource, Table], DraftTree]:
-    return lambda rng, draft: sample_delayed_tree(model(draft), K, L1, L2, rng)
+    return lambda rng, draft: draft_delayed_tree(model(draft), K, L1, L2, rng)
 
 
 def extend(rng: RandomSource, target: Table, tokens: tuple[int, ...], length: int) -> tuple[int, ...]:
