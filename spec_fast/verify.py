@@ -418,7 +418,14 @@ def _khisti_plans(target: Tensor, draft: Tensor, count: Tensor, need: Tensor, tr
     targets = target[idx].to(torch.float64).cpu().numpy()
     drafts = draft[idx].to(torch.float64).cpu().numpy()
     counts = count[idx].cpu().tolist()
-    return {r: solver.plan(targets[n], drafts[n], int(counts[n])) for n, r in enumerate(idx)}
+    plans: dict[int, Any] = {}
+    shared: dict[tuple[bytes, bytes, int], Any] = {}  # rows with identical (p, q, k) share one LP solve
+    for n, r in enumerate(idx):
+        key = (targets[n].tobytes(), drafts[n].tobytes(), int(counts[n]))
+        if key not in shared:
+            shared[key] = solver.plan(targets[n], drafts[n], int(counts[n]))
+        plans[r] = shared[key]
+    return plans
 
 
 def _khisti_tables(
@@ -429,24 +436,31 @@ def _khisti_tables(
     (k < 2) get r = q and KEEP1 = 1."""
     rows, k_max = draws.shape
     device = draws.device
-    keep = torch.ones(rows, k_max, k_max, dtype=torch.float64)
+    keep = np.ones((rows, k_max, k_max), dtype=np.float64)
     law = draft.clone()
-    law_at_draws = _take_all(draft, draws).to(torch.float64).cpu()
+    law_at_draws = _take_all(draft, draws).to(torch.float64).cpu().numpy()
     if plans:
         host_draws = draws.cpu().tolist()
-        laws = []
-        for r, plan in plans.items():
-            k = plan.k
-            tokens = [int(t) for t in host_draws[r][:k]]
-            champion_law = np.asarray(plan.extras["champion_law"], dtype=np.float64)
-            laws.append(champion_law)
-            for t, pair in enumerate(plan.extras["rounds"], start=1):
-                for a in range(t):
-                    keep[r, a, t] = float(pair.keep_first(tokens[a], tokens[t]))
-            for j in range(k):
-                law_at_draws[r, j] = float(champion_law[tokens[j]])
-        law[list(plans)] = torch.from_numpy(np.stack(laws)).to(device=device, dtype=law.dtype)
-    return keep.to(device), law, law_at_draws.to(device)
+        laws: dict[int, np.ndarray] = {}  # id(plan) -> champion law
+        tables: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        plan_rows = list(plans)
+        for r in plan_rows:
+            plan = plans[r]
+            tokens = tuple(int(t) for t in host_draws[r][: plan.k])
+            key = (id(plan), tokens)
+            if key not in tables:
+                champion_law = laws.setdefault(id(plan), np.asarray(plan.extras["champion_law"], dtype=np.float64))
+                table = np.ones((k_max, k_max), dtype=np.float64)
+                for t, pair in enumerate(plan.extras["rounds"], start=1):
+                    for a in range(t):
+                        table[a, t] = float(pair.keep_first(tokens[a], tokens[t]))
+                at_draws = law_at_draws[r].copy()
+                at_draws[: plan.k] = champion_law[list(tokens)]
+                tables[key] = (table, at_draws)
+            keep[r], law_at_draws[r] = tables[key]
+        stacked = np.stack([laws[id(plans[r])] for r in plan_rows])
+        law[plan_rows] = torch.from_numpy(stacked).to(device=device, dtype=law.dtype)
+    return torch.from_numpy(keep).to(device), law, torch.from_numpy(law_at_draws).to(device)
 
 
 def _take_all(values: Tensor, index: Tensor) -> Tensor:

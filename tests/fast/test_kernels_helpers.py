@@ -4,10 +4,12 @@ row-by-row comparison against :func:`spec_ref.verify` that tolerates only near-t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 import spec_ref
@@ -150,3 +152,13 @@ def near_threshold(batch: Batch, method: str, uniforms: torch.Tensor, b: int, de
         if other != base:
             return True
     return False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread_torch() -> Iterator[None]:
+    """Run torch on one intra-op thread for the module and restore the setting afterwards: on this shared
+    2-core machine small batched ops are 10-40x slower with two contending OpenMP threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

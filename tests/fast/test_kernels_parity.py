@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import spec_ref
 from spec_fast import FlatTree, counter_uniforms, uniforms_per_node, verify_tree
 from spec_fast.verify import METHODS, child_slots
-from tests.fast.test_kernels_helpers import Batch, dyadic_probs, fast_rows, near_threshold, random_batch, reference_rows
+from tests.fast.test_kernels_helpers import single_thread_torch, Batch, dyadic_probs, fast_rows, near_threshold, random_batch, reference_rows
 
 #: (method, options) pairs covering every method and every option value.
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -212,3 +212,6 @@ def test_float32_probabilities_at_a_large_vocabulary_match_up_to_near_threshold_
     # keep q as drawn (the draws came from it); p is the float32 softmax, handed to spec_ref in float64
     m = uniforms_per_node(method, batch.flat.max_draws)
     assert_parity(batch, method, counter_uniforms(99, 0, (12, batch.flat.num_slots, m)), True)
+
+
+__all__ = ["single_thread_torch"]  # the module-scoped one-thread fixture is used via autouse

@@ -15,7 +15,7 @@ import spec_ref
 from spec_fast.kernels import SOLVER_NAMES, solver_acceptance, solver_branching, solver_sample
 from spec_fast.rng import counter_uniforms
 from spec_fast.verify import uniforms_per_node
-from tests.fast.test_kernels_helpers import dyadic_probs
+from tests.fast.test_kernels_helpers import single_thread_torch, dyadic_probs
 
 SOLVER_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("nss", {}), ("naive", {}), ("spectr", {}), ("specinfer", {}), ("specinfer", {"specinfer_order": "draw"}),
@@ -107,3 +107,6 @@ def test_unknown_solver_and_bad_shapes_raise_value_error() -> None:
         solver_branching("bogus", p, p, torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="draft_probs.shape"):
         solver_acceptance("nss", p, p[:, :2], 1)
+
+
+__all__ = ["single_thread_torch"]  # the module-scoped one-thread fixture is used via autouse
