@@ -75,6 +75,10 @@ _COMMON_OPTIONS = ("max_depth", "compact")
 _DETERMINISTIC_OK = ("nss", "greedy", "dynatree")
 
 Tensor = torch.Tensor
+#: dtype of the [rows, V] arithmetic (residuals, partial sums); reductions accumulate in float64 and every
+#: scalar test is evaluated in float64.
+_WORK = torch.float32
+F64 = torch.float64
 
 
 @dataclass(frozen=True, eq=False)
@@ -324,15 +328,15 @@ def _solve_spectr(node: _Node, ctx: _Rows, iterations: int) -> tuple[Tensor, Ten
     u_draw = node.u.gather(1, count.clamp(max=node.u.shape[1] - 1).unsqueeze(1)).squeeze(1)
 
     def weights(i: Tensor | None) -> Tensor:
-        p = _sub(node.target, i).to(torch.float64)
-        q = _sub(node.draft, i).to(torch.float64)
+        p = _sub(node.target, i).to(_WORK)
+        q = _sub(node.draft, i).to(_WORK)
         r = _sub(rho, i).unsqueeze(1)
-        k = _sub(count, i).to(torch.float64).unsqueeze(1)
-        capped = torch.minimum(p / r, q)
-        beta = capped.sum(dim=1, keepdim=True)
+        k = _sub(count, i).to(F64).unsqueeze(1)
+        capped = torch.minimum(p / r.to(_WORK), q)
+        beta = capped.sum(dim=1, keepdim=True, dtype=F64)
         accept_all = 1 - (1 - beta) ** k
         gamma = torch.where(beta > 0, accept_all / torch.where(beta > 0, beta, torch.ones_like(beta)), r)
-        return _residual_weights(p, gamma * capped)  # p - gamma*capped, clipped; k = 0 gives p
+        return _residual_weights(p, gamma.to(_WORK) * capped)  # p - gamma*capped, clipped; k = 0 gives p
 
     y = ctx.draw(~accepted, weights, u_draw)
     return torch.where(accepted, choice, y), accepted
@@ -341,8 +345,8 @@ def _solve_spectr(node: _Node, ctx: _Rows, iterations: int) -> tuple[Tensor, Ten
 def _normalised_residual(current: Tensor, draft: Tensor) -> Tensor:
     """``Res(current, draft)`` normalised, with the fallback ``current / sum(current)``."""
     mass = (current - draft).clamp_min(0)
-    total = mass.sum(dim=1, keepdim=True)
-    fallback = current / current.sum(dim=1, keepdim=True)
+    total = mass.sum(dim=1, keepdim=True, dtype=F64).to(mass.dtype)
+    fallback = current / current.sum(dim=1, keepdim=True, dtype=F64).to(mass.dtype)
     return torch.where(total > 0, mass / torch.where(total > 0, total, torch.ones_like(total)), fallback)
 
 
@@ -359,8 +363,8 @@ def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tenso
     need_chain = count >= 1
     idx = ctx.select(need_chain)
     chain_rows = torch.arange(rows, device=device) if idx is None else idx
-    current = node.target[chain_rows].to(torch.float64)  # P_i for the chain rows
-    draft64 = node.draft[chain_rows].to(torch.float64)
+    current = node.target[chain_rows].to(_WORK)  # P_i for the chain rows
+    draft64 = node.draft[chain_rows].to(_WORK)
     position_in_chain = torch.full((rows,), -1, dtype=torch.long, device=device)
     position_in_chain[chain_rows] = torch.arange(chain_rows.numel(), device=device)
     for i in range(k_max):
@@ -377,7 +381,7 @@ def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tenso
         x = node.draws.gather(1, slot.unsqueeze(1)).squeeze(1)
         p_x = torch.zeros(rows, dtype=torch.float64, device=device)
         if chain_rows.numel():
-            p_x[chain_rows] = current.gather(1, x[chain_rows].clamp(min=0).unsqueeze(1)).squeeze(1)
+            p_x[chain_rows] = current.gather(1, x[chain_rows].clamp(min=0).unsqueeze(1)).squeeze(1).to(F64)
         q_x = _take(node.draft, x).to(torch.float64)
         u_test = node.u[:, min(per_round * i + per_round - 1, node.u.shape[1] - 1)].to(torch.float64)
         hit = in_round & (u_test * q_x < p_x)
@@ -393,8 +397,8 @@ def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tenso
     def weights(i: Tensor | None) -> Tensor:
         sel = chain_rows if i is None else i
         has_chain = position_in_chain[sel] >= 0
-        chained = current[position_in_chain[sel].clamp(min=0)] if current.shape[0] else node.target[sel].to(torch.float64)
-        return torch.where(has_chain.unsqueeze(1), chained, node.target[sel].to(torch.float64))
+        chained = current[position_in_chain[sel].clamp(min=0)] if current.shape[0] else node.target[sel].to(_WORK)
+        return torch.where(has_chain.unsqueeze(1), chained, node.target[sel].to(_WORK))
 
     if idx is None:
         y = _inverse_cdf(weights(None), u_final)
@@ -623,10 +627,10 @@ def _bv_driver(
         if sel.numel() == 0:
             continue
         node = path[sel, i].clamp(min=0)
-        p = target_probs[sel, node].to(torch.float64)
-        q = draft_probs[sel, node].to(torch.float64)
+        p = target_probs[sel, node].to(_WORK)
+        q = draft_probs[sel, node].to(_WORK)
         w_i = w[sel, i]
-        z = (w_i.unsqueeze(1) * p - q).clamp_min(0).sum(dim=1)
+        z = (w_i.to(_WORK).unsqueeze(1) * p - q).clamp_min(0).sum(dim=1, dtype=F64)
         d = z + (1 - w_i)
         h_i = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
         h[sel, i] = torch.where(need[sel], h_i, h[sel, i])
@@ -647,9 +651,9 @@ def _bv_driver(
 
     def weights(i: Tensor | None) -> Tensor:
         sel = rows if i is None else i
-        p = target_probs[sel, stop_node[sel]].to(torch.float64)
-        q = draft_probs[sel, stop_node[sel]].to(torch.float64)
-        return torch.where(full[sel].unsqueeze(1), p, _residual_weights(w_tau[sel].unsqueeze(1) * p, q))
+        p = target_probs[sel, stop_node[sel]].to(_WORK)
+        q = draft_probs[sel, stop_node[sel]].to(_WORK)
+        return torch.where(full[sel].unsqueeze(1), p, _residual_weights(w_tau[sel].to(_WORK).unsqueeze(1) * p, q))
 
     y = ctx.draw(torch.ones_like(full), weights, u_extra)
     return stop_node, y
@@ -678,16 +682,16 @@ def _tree_mc_driver(
         if sel.numel() == 0:
             continue
         parent = path[sel, j - 1].clamp(min=0)
-        p = target_probs[sel, parent].to(torch.float64)
-        q = draft_probs[sel, parent].to(torch.float64)
-        s_prev = s[sel, j - 1].unsqueeze(1)
-        excess = (q - s_prev * p).clamp_min(0).sum(dim=1)
+        p = target_probs[sel, parent].to(_WORK)
+        q = draft_probs[sel, parent].to(_WORK)
+        s_prev = s[sel, j - 1].unsqueeze(1).to(_WORK)
+        excess = (q - s_prev * p).clamp_min(0).sum(dim=1, dtype=F64)
         mass = (s_prev * p - q).clamp_min(0)
         x = tokens[sel, j].clamp(min=0)
         t_j = torch.where(excess > 0, (1 - s[sel, j]) / torch.where(excess > 0, excess, torch.ones_like(excess)),
                           torch.ones_like(excess))
         scale[sel, j] = torch.where(need[sel], t_j, scale[sel, j])
-        total = mass.sum(dim=1) - mass.gather(1, x.unsqueeze(1)).squeeze(1)
+        total = mass.sum(dim=1, dtype=F64) - mass.gather(1, x.unsqueeze(1)).squeeze(1).to(F64)
         row_mass[sel, j] = torch.where(need[sel], total, row_mass[sel, j])
     # coef_j = prod_{m=j..L} t_m (cells of row j are rescaled by every later step)
     in_path = torch.arange(width, device=device).unsqueeze(0) <= length.unsqueeze(1)
@@ -717,13 +721,14 @@ def _tree_mc_driver(
     idx = ctx.select(has_cells)
     sel = rows if idx is None else idx
     if sel.numel():
-        p = target_probs[sel, chosen_parent[sel]].to(torch.float64)
-        q = draft_probs[sel, chosen_parent[sel]].to(torch.float64)
-        s_prev = s.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1)[sel].unsqueeze(1)
+        p = target_probs[sel, chosen_parent[sel]].to(_WORK)
+        q = draft_probs[sel, chosen_parent[sel]].to(_WORK)
+        s_prev = s.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1)[sel].unsqueeze(1).to(_WORK)
         mass = (s_prev * p - q).clamp_min(0)
         # the drafted token's cell: 0, or s_L (unscaled, so divide by the row's coefficient) on the last row
         cell_x = torch.where(is_last[sel], s_last[sel] / coef.gather(1, row_j.unsqueeze(1)).squeeze(1)[sel],
                              torch.zeros_like(s_last[sel]))
+        mass = mass.to(F64)  # the chosen row only: accumulate it exactly like the row totals
         mass.scatter_(1, x_row[sel].unsqueeze(1), cell_x.unsqueeze(1))
         cum = torch.cumsum(mass, dim=1)
         pick = torch.searchsorted(cum, within[sel].unsqueeze(1).contiguous(), right=True)
@@ -795,8 +800,16 @@ def _traversal_driver(
     def current_pq(sel: Tensor, level: Tensor) -> tuple[Tensor, Tensor]:
         node = stack[sel, level]
         mod = modified[sel, level].unsqueeze(1)
-        p = torch.where(mod, state_p[sel, level], target_probs[sel, node]).to(torch.float64)
-        q = torch.where(mod, state_q[sel, level], draft_probs[sel, node]).to(torch.float64)
+        if ctx.compact:  # gather each row from where it lives instead of selecting between both
+            p = target_probs[sel, node].to(_WORK)
+            q = draft_probs[sel, node].to(_WORK)
+            changed = mod.squeeze(1).nonzero().squeeze(1)
+            if changed.numel():
+                p[changed] = state_p[sel[changed], level[changed]].to(_WORK)
+                q[changed] = state_q[sel[changed], level[changed]].to(_WORK)
+            return p, q
+        p = torch.where(mod, state_p[sel, level], target_probs[sel, node]).to(_WORK)
+        q = torch.where(mod, state_q[sel, level], draft_probs[sel, node]).to(_WORK)
         return p, q
 
     def current_at(sel: Tensor, level: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
@@ -815,20 +828,25 @@ def _traversal_driver(
         lev = level[sel]
         p, q = current_pq(sel, lev)
         w = weight[sel, lev]
-        mass = (w.unsqueeze(1) * p - q).clamp_min(0)
-        z = mass.sum(dim=1)
+        mass = (w.to(_WORK).unsqueeze(1) * p - q).clamp_min(0)
+        z = mass.sum(dim=1, dtype=F64)
         d = z + (1 - w)
         updated = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
         updated = torch.clamp(updated, max=1.0)  # w <- Z/(Z + 1 - w) with the CURRENT w (6.2)
-        new_p = torch.where((z > 0).unsqueeze(1), mass / torch.where(z > 0, z, torch.ones_like(z)).unsqueeze(1), p)
+        z_work = torch.where(z > 0, z, torch.ones_like(z)).to(_WORK).unsqueeze(1)
+        new_p = torch.where((z > 0).unsqueeze(1), mass / z_work, p)
         if sibling_model == "wor":
             q = q.scatter(1, token[sel].clamp(min=0).unsqueeze(1), 0.0)
-            total = q.sum(dim=1, keepdim=True)
-            q = torch.where(total > 0, q / torch.where(total > 0, total, torch.ones_like(total)), q)
+            total = q.sum(dim=1, keepdim=True, dtype=F64)
+            q = torch.where(total > 0, q / torch.where(total > 0, total, torch.ones_like(total)).to(_WORK), q)
         apply = need[sel]
-        a2 = apply.unsqueeze(1)
-        state_p[sel, lev] = torch.where(a2, new_p.to(state_p.dtype), state_p[sel, lev])
-        state_q[sel, lev] = torch.where(a2, q.to(state_q.dtype), state_q[sel, lev])
+        if ctx.compact:  # sel holds exactly the rows that reject
+            state_p[sel, lev] = new_p.to(state_p.dtype)
+            state_q[sel, lev] = q.to(state_q.dtype)
+        else:
+            a2 = apply.unsqueeze(1)
+            state_p[sel, lev] = torch.where(a2, new_p.to(state_p.dtype), state_p[sel, lev])
+            state_q[sel, lev] = torch.where(a2, q.to(state_q.dtype), state_q[sel, lev])
         modified[sel, lev] = modified[sel, lev] | apply
         weight[sel, lev] = torch.where(apply, updated, weight[sel, lev])
 
