@@ -17,3 +17,16 @@ __all__ += ["decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutpu
 from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
 
 __all__ += ["solver_sample", "solver_branching", "solver_acceptance"]
+# issue 6: the decoding engine
+from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
+from spec_fast.engine import GenerationResult, SamplingParams, SpeculativeDecoder, greedy_verify
+from spec_fast.kv_cache import TreeKVCache
+from spec_fast.metrics import GenerationMetrics
+from spec_fast.models import chat_prompt_ids, load_model
+from spec_fast.strategies import Strategy, parse_strategy
+
+__all__ += [
+    "Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model", "GenerationResult", "SamplingParams",
+    "SpeculativeDecoder", "greedy_verify", "TreeKVCache", "GenerationMetrics", "chat_prompt_ids", "load_model",
+    "Strategy", "parse_strategy",
+]

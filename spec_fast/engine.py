@@ -228,6 +228,7 @@ class SpeculativeDecoder:
         while any(active):
             remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
             depth_cap = min(self.strategy.depth, remaining - 1)
+            draft_probs: torch.Tensor | None
             if self.strategy.drafts and depth_cap >= 1:
                 tree, draft_probs, entries, tokens_in = self._draft(draft_state, pending, roots, depth_cap, sampling, generator)
             else:
@@ -432,19 +433,22 @@ class SpeculativeDecoder:
             else:
                 draws_needed = 1 if depth < st.trunk else k_paths
                 flat_q = q.reshape(batch * fmax, -1)
-                samples = torch.multinomial(flat_q, draws_needed, replacement=True, generator=generator)
-                samples = samples.reshape(batch, fmax, draws_needed).tolist()
+                if sampling.greedy and st.shape == "chain":  # one-hot q: the draw is its argmax
+                    samples = flat_q.argmax(dim=-1, keepdim=True)
+                else:
+                    samples = torch.multinomial(flat_q, draws_needed, replacement=True, generator=generator)
+                drawn: list[list[list[int]]] = samples.reshape(batch, fmax, draws_needed).tolist()
                 for b in range(batch):
                     tr = trees[b]
                     for f, node in enumerate(frontier[b]):
                         q_of[b][node] = q[b, f]
                         if depth < st.trunk:
-                            token = samples[b][f][0]
+                            token = drawn[b][f][0]
                             tr.draws[node].append(token)
                             new_frontier[b].append(tr.add(node, token, tr.paths[node], 0.0))
                         else:
                             for j, path in enumerate(tr.paths[node]):
-                                token = samples[b][f][j]
+                                token = drawn[b][f][j]
                                 tr.draws[node].append(token)
                                 child = tr.add(node, token, [path], 0.0)
                                 if child not in new_frontier[b]:

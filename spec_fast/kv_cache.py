@@ -107,7 +107,8 @@ class TreeKVCache:
                 block_src = torch.zeros_like(offset)
             source = torch.where(offset < 0, slots, self.context_size + block_src)
             source = torch.where(in_block | (offset < 0), source, torch.zeros_like(source))
-        for layer in self.cache.layers:
+        layers: list[Any] = list(self.cache.layers)
+        for layer in layers:
             keys, values = layer.keys, layer.values
             if keys is None or keys.numel() == 0:
                 continue
@@ -128,6 +129,7 @@ class TreeKVCache:
     def key_values(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The committed ``(keys, values)`` of one row per layer, each ``[H, lengths[row], D]`` (tests)."""
         length = int(self.lengths[row].item())
+        layers: list[Any] = list(self.cache.layers)
         return [
-            (layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in self.cache.layers
+            (layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in layers
         ]

