@@ -172,37 +172,77 @@ def path_zero_slots(tree: FlatTree, children: Tensor, max_depth: int) -> Tensor:
 # ========================================================================================================
 # Sampling primitives (spec_ref/_sampling.py conventions)
 # ========================================================================================================
+def _rowsum(values: Tensor, keepdim: bool = False) -> Tensor:
+    """Row sums ``[R]`` (or ``[R, 1]``) as float64. The reduction runs in the input dtype (torch's cascade
+    summation, relative error ~1e-7 in float32) and is cast afterwards: ``sum(dtype=float64)`` would first
+    materialise a float64 copy of the whole ``[R, V]`` tensor."""
+    return values.sum(dim=1, keepdim=keepdim).to(F64)
+
+
+#: Vocabularies from this size on use the two-level inverse CDF (chunk totals, then one chunk).
+_CHUNKED_CDF_MIN_VOCAB = 8192
+_CDF_CHUNK = 1024
+
+
 def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     """Smallest index with ``cumsum > u * total`` per row; never a zero-weight index.
 
-    ``weights [R, V]`` non-negative (any float dtype, accumulated in float64) with positive row sums;
-    ``u [R]``. Returns ``[R]`` long.
+    ``weights [R, V]`` non-negative with positive row sums; ``u [R]``. Returns ``[R]`` long. Cumulative sums
+    are float64. For large V the search is two-level: float64 prefix sums of per-chunk totals pick the
+    chunk, then one ``[R, chunk]`` float64 prefix sum picks the index, so no ``[R, V]`` float64 tensor is
+    built (boundaries then move by ~1e-7 of the mass, within the tolerance the tests allow).
     """
-    cumulative = torch.cumsum(weights, dim=1, dtype=torch.float64)  # [R, V]
-    total = cumulative[:, -1:].contiguous()  # [R, 1]
-    threshold = u.to(torch.float64).unsqueeze(1) * total
-    index = torch.searchsorted(cumulative, threshold, right=True)
-    # If rounding pushes u * total onto the total, take the last index of positive weight: the first
-    # index whose partial sum reaches the total.
-    last_positive = torch.searchsorted(cumulative, total, right=False)
-    return torch.minimum(index, last_positive).squeeze(1)
+    rows, vocab = weights.shape
+    u64 = u.to(F64).unsqueeze(1)
+    if vocab < _CHUNKED_CDF_MIN_VOCAB:
+        cumulative = torch.cumsum(weights, dim=1, dtype=F64)  # [R, V]
+        total = cumulative[:, -1:].contiguous()  # [R, 1]
+        index = torch.searchsorted(cumulative, u64 * total, right=True)
+        # If rounding pushes u * total onto the total, take the last index of positive weight: the first
+        # index whose partial sum reaches the total.
+        last_positive = torch.searchsorted(cumulative, total, right=False)
+        return torch.minimum(index, last_positive).squeeze(1)
+    size = _CDF_CHUNK
+    full = vocab // size
+    sums = [weights[:, : full * size].reshape(rows, full, size).sum(dim=2)]
+    if full * size < vocab:
+        sums.append(weights[:, full * size :].sum(dim=1, keepdim=True))
+    chunk_sums = torch.cat(sums, dim=1).to(F64)  # [R, C]
+    chunk_cum = torch.cumsum(chunk_sums, dim=1)
+    total = chunk_cum[:, -1:].contiguous()
+    threshold = u64 * total
+    chunk = torch.searchsorted(chunk_cum, threshold, right=True)
+    last_chunk = torch.searchsorted(chunk_cum, total, right=False)
+    chunk = torch.minimum(chunk, last_chunk)  # [R, 1], a chunk of positive total
+    before = torch.where(chunk > 0, chunk_cum.gather(1, (chunk - 1).clamp(min=0)), torch.zeros_like(threshold))
+    columns = chunk * size + torch.arange(size, device=weights.device).unsqueeze(0)  # [R, size]
+    inside = columns < vocab
+    zero = torch.zeros((), dtype=weights.dtype, device=weights.device)
+    values = torch.where(inside, weights.gather(1, columns.clamp(max=vocab - 1)), zero)
+    within = torch.cumsum(values, dim=1, dtype=F64)
+    pick = torch.searchsorted(within, (threshold - before).contiguous(), right=True)
+    last_in_chunk = torch.searchsorted(within, within[:, -1:].contiguous(), right=False)
+    return (chunk * size + torch.minimum(pick, last_in_chunk)).squeeze(1)
 
 
-def _residual_weights(base: Tensor, subtract: Tensor) -> Tensor:
-    """``(base - subtract)_+`` per row, or ``base`` where that mass is ``<= 0`` (the current target)."""
-    mass = (base - subtract).clamp_min(0)
-    empty = mass.sum(dim=1, keepdim=True) <= 0
-    return torch.where(empty, base, mass)
+def _residual_weights(base: Tensor, subtract: Tensor, subtract_rows: Tensor | None = None) -> Tensor:
+    """``(base - subtract)_+`` per row, or ``base`` where that mass is ``<= 0`` (the current target).
+
+    ``subtract_rows [R]`` bool (optional): only these rows subtract; the others get exactly ``base``.
+    Built as one new ``[R, V]`` tensor updated in place.
+    """
+    if subtract_rows is None:
+        mass = base - subtract
+    else:
+        mass = torch.addcmul(base, subtract, -subtract_rows.to(base.dtype).unsqueeze(1))
+    mass.clamp_min_(0)
+    empty = (_rowsum(mass) <= 0).to(base.dtype).unsqueeze(1)
+    return mass.addcmul_(base, empty)  # an empty row is all zeros: adding base gives exactly base
 
 
 def _take(values: Tensor, index: Tensor) -> Tensor:
     """``values[r, index[r]]`` for ``values [R, V]``, ``index [R]`` (clamped to >= 0)."""
     return values.gather(1, index.clamp(min=0).unsqueeze(1)).squeeze(1)
-
-
-def _take_u(u: Tensor, index: Tensor) -> Tensor:
-    """``u[r, index[r]]`` as float64 for ``u [R, M]``."""
-    return u.gather(1, index.clamp(0, max(u.shape[1] - 1, 0)).unsqueeze(1)).squeeze(1).to(torch.float64)
 
 
 class _Rows:
@@ -266,7 +306,7 @@ def _solve_naive(node: _Node, ctx: _Rows) -> tuple[Tensor, Tensor]:
 
     def weights(i: Tensor | None) -> Tensor:
         p, q, lf = _sub(node.target, i), _sub(node.draft, i), _sub(leaf, i)
-        return torch.where(lf.unsqueeze(1), p, _residual_weights(p, q))
+        return _residual_weights(p, q, ~lf)  # a leaf draws from p itself
 
     y = ctx.draw(~accepted, weights, u_draw)
     return torch.where(accepted, first, y), accepted
@@ -333,7 +373,7 @@ def _solve_spectr(node: _Node, ctx: _Rows, iterations: int) -> tuple[Tensor, Ten
         r = _sub(rho, i).unsqueeze(1)
         k = _sub(count, i).to(F64).unsqueeze(1)
         capped = torch.minimum(p / r.to(_WORK), q)
-        beta = capped.sum(dim=1, keepdim=True, dtype=F64)
+        beta = _rowsum(capped, keepdim=True)
         accept_all = 1 - (1 - beta) ** k
         gamma = torch.where(beta > 0, accept_all / torch.where(beta > 0, beta, torch.ones_like(beta)), r)
         return _residual_weights(p, gamma.to(_WORK) * capped)  # p - gamma*capped, clipped; k = 0 gives p
@@ -345,8 +385,8 @@ def _solve_spectr(node: _Node, ctx: _Rows, iterations: int) -> tuple[Tensor, Ten
 def _normalised_residual(current: Tensor, draft: Tensor) -> Tensor:
     """``Res(current, draft)`` normalised, with the fallback ``current / sum(current)``."""
     mass = (current - draft).clamp_min(0)
-    total = mass.sum(dim=1, keepdim=True, dtype=F64).to(mass.dtype)
-    fallback = current / current.sum(dim=1, keepdim=True, dtype=F64).to(mass.dtype)
+    total = mass.sum(dim=1, keepdim=True)
+    fallback = current / current.sum(dim=1, keepdim=True)
     return torch.where(total > 0, mass / torch.where(total > 0, total, torch.ones_like(total)), fallback)
 
 
@@ -497,7 +537,7 @@ def _solve_khisti(node: _Node, ctx: _Rows, truncation: int) -> tuple[Tensor, Ten
 
     def weights(i: Tensor | None) -> Tensor:
         p, r, lf = _sub(node.target, i), _sub(law, i), _sub(leaf, i)
-        return torch.where(lf.unsqueeze(1), p, _residual_weights(p, r))
+        return _residual_weights(p, r, ~lf)
 
     y = ctx.draw(~accepted, weights, u_draw)
     return torch.where(accepted, champion, y), accepted
@@ -627,10 +667,10 @@ def _bv_driver(
         if sel.numel() == 0:
             continue
         node = path[sel, i].clamp(min=0)
-        p = target_probs[sel, node].to(_WORK)
+        p = target_probs[sel, node].to(_WORK)  # a fresh copy: updated in place
         q = draft_probs[sel, node].to(_WORK)
         w_i = w[sel, i]
-        z = (w_i.to(_WORK).unsqueeze(1) * p - q).clamp_min(0).sum(dim=1, dtype=F64)
+        z = _rowsum(p.mul_(w_i.to(_WORK).unsqueeze(1)).sub_(q).clamp_min_(0))
         d = z + (1 - w_i)
         h_i = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
         h[sel, i] = torch.where(need[sel], h_i, h[sel, i])
@@ -653,7 +693,9 @@ def _bv_driver(
         sel = rows if i is None else i
         p = target_probs[sel, stop_node[sel]].to(_WORK)
         q = draft_probs[sel, stop_node[sel]].to(_WORK)
-        return torch.where(full[sel].unsqueeze(1), p, _residual_weights(w_tau[sel].to(_WORK).unsqueeze(1) * p, q))
+        f = full[sel]
+        scale = torch.where(f, torch.ones_like(w_tau[sel]), w_tau[sel]).to(_WORK).unsqueeze(1)
+        return _residual_weights(p.mul_(scale), q, ~f)  # tau = L: Cat(p_L); else Res(w_tau p_tau, q_tau)
 
     y = ctx.draw(torch.ones_like(full), weights, u_extra)
     return stop_node, y
@@ -685,13 +727,14 @@ def _tree_mc_driver(
         p = target_probs[sel, parent].to(_WORK)
         q = draft_probs[sel, parent].to(_WORK)
         s_prev = s[sel, j - 1].unsqueeze(1).to(_WORK)
-        excess = (q - s_prev * p).clamp_min(0).sum(dim=1, dtype=F64)
-        mass = (s_prev * p - q).clamp_min(0)
+        diff = p.mul_(s_prev).sub_(q)  # s p - q, in place on the fresh copy
+        mass = diff.clamp_min(0)
+        excess = -_rowsum(diff.clamp_max_(0))  # sum (q - s p)_+
         x = tokens[sel, j].clamp(min=0)
         t_j = torch.where(excess > 0, (1 - s[sel, j]) / torch.where(excess > 0, excess, torch.ones_like(excess)),
                           torch.ones_like(excess))
         scale[sel, j] = torch.where(need[sel], t_j, scale[sel, j])
-        total = mass.sum(dim=1, dtype=F64) - mass.gather(1, x.unsqueeze(1)).squeeze(1).to(F64)
+        total = _rowsum(mass) - mass.gather(1, x.unsqueeze(1)).squeeze(1).to(F64)
         row_mass[sel, j] = torch.where(need[sel], total, row_mass[sel, j])
     # coef_j = prod_{m=j..L} t_m (cells of row j are rescaled by every later step)
     in_path = torch.arange(width, device=device).unsqueeze(0) <= length.unsqueeze(1)
@@ -789,8 +832,9 @@ def _traversal_driver(
     top = torch.zeros(batch, dtype=torch.long, device=device)
     weight = torch.ones(batch, levels, dtype=torch.float64, device=device)
     modified = torch.zeros(batch, levels, dtype=torch.bool, device=device)
-    state_p = torch.zeros(batch, levels, vocab, dtype=target_probs.dtype, device=device)
-    state_q = torch.zeros(batch, levels, vocab, dtype=draft_probs.dtype, device=device)
+    # only read where ``modified`` is set (torch.where never propagates the unselected branch): no zero-fill
+    state_p = torch.empty(batch, levels, vocab, dtype=target_probs.dtype, device=device)
+    state_q = torch.empty(batch, levels, vocab, dtype=draft_probs.dtype, device=device)
     pointer = next_round[:, :, 0].clone()  # [B, N] next round position of every node
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     final_node = torch.zeros(batch, dtype=torch.long, device=device)
@@ -828,17 +872,19 @@ def _traversal_driver(
         lev = level[sel]
         p, q = current_pq(sel, lev)
         w = weight[sel, lev]
-        mass = (w.to(_WORK).unsqueeze(1) * p - q).clamp_min(0)
-        z = mass.sum(dim=1, dtype=F64)
+        mass = torch.mul(p, w.to(_WORK).unsqueeze(1)).sub_(q).clamp_min_(0)
+        z = _rowsum(mass)
         d = z + (1 - w)
         updated = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
         updated = torch.clamp(updated, max=1.0)  # w <- Z/(Z + 1 - w) with the CURRENT w (6.2)
-        z_work = torch.where(z > 0, z, torch.ones_like(z)).to(_WORK).unsqueeze(1)
-        new_p = torch.where((z > 0).unsqueeze(1), mass / z_work, p)
+        positive = z > 0
+        z_work = torch.where(positive, z, torch.ones_like(z)).to(_WORK).unsqueeze(1)
+        # P <- Rm / Z; if Z = 0 then Rm is all zeros and P stays (adding P to zeros is exact)
+        new_p = mass.div_(z_work).addcmul_(p, (~positive).to(_WORK).unsqueeze(1))
         if sibling_model == "wor":
-            q = q.scatter(1, token[sel].clamp(min=0).unsqueeze(1), 0.0)
-            total = q.sum(dim=1, keepdim=True, dtype=F64)
-            q = torch.where(total > 0, q / torch.where(total > 0, total, torch.ones_like(total)).to(_WORK), q)
+            q.scatter_(1, token[sel].clamp(min=0).unsqueeze(1), 0.0)  # q is a fresh copy
+            total = _rowsum(q, keepdim=True)
+            q.div_(torch.where(total > 0, total, torch.ones_like(total)).to(_WORK))
         apply = need[sel]
         if ctx.compact:  # sel holds exactly the rows that reject
             state_p[sel, lev] = new_p.to(state_p.dtype)

@@ -203,10 +203,10 @@ def test_child_slots_point_every_draw_at_its_merged_child() -> None:
 
 @pytest.mark.parametrize("method", ["naive_tree", "spectr", "bv", "traversal"])
 def test_float32_probabilities_at_a_large_vocabulary_match_up_to_near_threshold_rows(method: str) -> None:
-    """Non-dyadic float32 softmax probabilities (V = 2048): spec_ref renormalises them, so a few rows may
-    sit within rounding of a threshold; all others must match exactly."""
+    """Non-dyadic float32 softmax probabilities (V = 9000): spec_ref renormalises them, so a few rows may
+    sit within rounding of a threshold; all others must match exactly. V = 9000 uses the two-level inverse CDF."""
     rng = np.random.default_rng(11)
-    batch = random_batch(rng, 12, 2048, 2, 2)
+    batch = random_batch(rng, 12, 9000, 2, 2)
     logits = torch.from_numpy(rng.normal(size=batch.target.shape) * 3).to(torch.float32)
     batch.target = torch.softmax(logits, dim=-1).to(torch.float64).numpy()
     # keep q as drawn (the draws came from it); p is the float32 softmax, handed to spec_ref in float64
@@ -215,3 +215,27 @@ def test_float32_probabilities_at_a_large_vocabulary_match_up_to_near_threshold_
 
 
 __all__ = ["single_thread_torch"]  # the module-scoped one-thread fixture is used via autouse
+
+
+@pytest.mark.parametrize("vocab", [8191, 8192, 8193, 20000])
+def test_two_level_inverse_cdf_equals_the_reference_rule_and_never_returns_a_zero_weight(vocab: int) -> None:
+    """Vocabularies around and above the chunked threshold (chunk 1024): the index equals
+    spec_ref.inverse_cdf except where u * total lies within 1e-6 of a partial sum; zero weights never win."""
+    from spec_fast.verify import _inverse_cdf
+
+    gen = torch.Generator().manual_seed(vocab)
+    weights = torch.rand(64, vocab, generator=gen) ** 4
+    weights[weights < 0.3] = 0.0  # many zero-weight cells, including whole runs
+    weights[:, -1] = 0.0
+    u = torch.rand(64, generator=gen)
+    u[0], u[1] = 0.0, 1.0 - 2.0**-24
+    got = _inverse_cdf(weights, u)
+    assert bool((weights.gather(1, got.unsqueeze(1)) > 0).all())
+    w64 = weights.to(torch.float64).numpy()
+    for b in range(64):
+        expected = spec_ref.inverse_cdf(w64[b], float(u[b]))
+        if int(got[b]) != expected:
+            cumulative = np.cumsum(w64[b])
+            threshold = float(u[b]) * cumulative[-1]
+            gap = np.abs(cumulative[min(int(got[b]), expected) : max(int(got[b]), expected) + 1] - threshold).min()
+            assert gap < 1e-6 * cumulative[-1], (b, int(got[b]), expected)
