@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -226,7 +227,8 @@ def main() -> None:
     progress.close()
     meta = {
         "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(), "cpu_count": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
         "quick": args.quick, "repeats": args.repeats,
         "note": "spec_ref timed on ref_rows_timed rows per (method, V, N) and scaled by B; HF looped per row",
     }
@@ -241,7 +243,8 @@ def main() -> None:
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         "# verify_kernels benchmark", "",
-        f"device {meta['device']}, torch {meta['torch']}, {meta['threads']} thread(s), median of {meta['repeats']}; "
+        f"device {meta['device']} ({meta['cpu_count']} cores, load average at the end {meta['load_average_at_end']}), "
+        f"torch {meta['torch']}, {meta['threads']} thread(s), median of {meta['repeats']}; "
         f"{meta['note']}.", "",
         "| method | V | N | B | spec_fast ms | spec_ref ms | x vs spec_ref | HF ms | x vs HF | mean tau |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -26,12 +26,17 @@ Options as in :func:`spec_ref.verify`: ``spectr_iterations`` (64), ``specinfer_o
   default is ``True`` on CPU (where there is no device to synchronise with) and ``False`` elsewhere, where
   every loop runs its fixed number of steps over all rows with masks.
 
-Numerics (ALGORITHMS.md 9, ``spec_ref/_sampling.py``): probabilities are float32 tensors; every scalar test
-is evaluated in float64 on the gathered float32 values, in the reference's form and operand order
-(``u * q < p``, SpecTr ``u * (rho * q) < p``, BV/Traversal ``u < h``); residuals are ``(a - b)_+`` with the
-fallback to ``a`` when their mass is ``<= 0``; categorical draws use the inverse CDF "smallest ``i`` with
-``cumsum[i] > u * total``", accumulated in float64, which never returns a zero-weight index. Results equal
-``spec_ref`` except where a uniform lies within float rounding of a threshold.
+Numerics (ALGORITHMS.md 9, ``spec_ref/_sampling.py``): probabilities are float32 tensors. Every scalar
+test is evaluated in float64 on the gathered float32 values, in the reference's form and operand order
+(``u * q < p``, SpecTr ``u * (rho * q) < p``, BV/Traversal ``u < h``). ``[rows, V]`` arithmetic (residuals,
+weighted differences) runs in float32, updated in place on fresh copies (large fresh tensors cost page
+faults on CPU); row reductions use torch's float32 cascade summation and are cast to float64. Residuals
+are ``(a - b)_+`` with the fallback to ``a`` when their mass is ``<= 0``. Categorical draws use the inverse
+CDF "smallest ``i`` with ``cumsum[i] > u * total``" with float64 prefix sums (two-level, chunk totals then
+one chunk, for ``V >= 8192``), which never returns a zero-weight index. Results equal ``spec_ref`` except
+where a uniform lies within float rounding (~1e-7 relative) of a threshold.
+
+Memory: ``traversal`` keeps ``[B, D+1, V]`` float32 state for the current root-to-leaf stack (P and Q).
 
 Khisti's pair LPs run on the host through :class:`spec_ref.KhistiSolver` (the same HiGHS call, so the
 tournament weights are identical), once per visited node with two or more draws; that needs the node's p

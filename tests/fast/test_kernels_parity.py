@@ -239,3 +239,17 @@ def test_two_level_inverse_cdf_equals_the_reference_rule_and_never_returns_a_zer
             threshold = float(u[b]) * cumulative[-1]
             gap = np.abs(cumulative[min(int(got[b]), expected) : max(int(got[b]), expected) + 1] - threshold).min()
             assert gap < 1e-6 * cumulative[-1], (b, int(got[b]), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("method", "options"), CONFIGS, ids=IDS)
+def test_cuda_device_path_equals_the_cpu_path_row_for_row(method: str, options: dict[str, Any]) -> None:
+    """TESTING.md C2: the fixed-bound masked (device) path on CUDA returns the CPU tokens."""
+    batch = random_batch(np.random.default_rng(21), 32, 6, 3, 3, "dirichlet", 0.2)
+    target, draft = batch.tensors()
+    m = uniforms_per_node(method, batch.flat.max_draws, **options)
+    uniforms = counter_uniforms(5, 0, (32, batch.flat.num_slots, m))
+    cpu = verify_tree(method, batch.flat, target, draft, uniforms, **options)
+    gpu = verify_tree(method, batch.flat.to("cuda"), target.cuda(), draft.cuda(), uniforms.cuda(), **options)
+    assert torch.equal(cpu.emitted, gpu.emitted.cpu())
