@@ -33,6 +33,7 @@ from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
 from spec_fast.strategies import Strategy
+from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "greedy_verify"]
 
@@ -148,6 +149,9 @@ class SpeculativeDecoder:
                 f"draft has {drafter.vocab_size}"
             )
         self.device = next(target.parameters()).device
+        #: when True, ``generate`` appends every drafted :class:`FlatTree` to ``recorded_trees`` (tests)
+        self.record_trees = False
+        self.recorded_trees: list[FlatTree] = []
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
         )
@@ -224,15 +228,20 @@ class SpeculativeDecoder:
         committed = [list(p) for p in prompt_lists]  # prompt + every committed token (untruncated)
         active = [True] * batch
         first_token_time: float | None = None
+        self._dyna_history = [DynaTreeHistory() for _ in range(batch)]
 
         while any(active):
             remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
             depth_cap = min(self.strategy.depth, remaining - 1)
             draft_probs: torch.Tensor | None
-            if self.strategy.drafts and depth_cap >= 1:
+            if self.strategy.shape == "dynatree" and depth_cap >= 1:
+                tree, draft_probs, entries, tokens_in = self._draft_dynatree(draft_state, pending, roots, depth_cap, active)
+            elif self.strategy.drafts and depth_cap >= 1:
                 tree, draft_probs, entries, tokens_in = self._draft(draft_state, pending, roots, depth_cap, sampling, generator)
             else:
                 tree, draft_probs, entries, tokens_in = self._root_only(roots)
+            if self.record_trees:
+                self.recorded_trees.append(tree)
             out = target_state.forward(tokens_in, tree.parents)
             target_logits = out.logits  # [B, N, V]
             if sampling.greedy:
@@ -270,6 +279,8 @@ class SpeculativeDecoder:
                 path = [i for i, a in enumerate(acc_list[b]) if a]  # ancestors first = path order
                 emitted = [tok_list[b][i] for i in path[1:]] + [nxt_list[b]]
                 step_acc.append(int(num_list[b]))
+                if self._dyna_history[b].pending_depth is not None:
+                    self._dyna_history[b] = update_history(self._dyna_history[b], int(num_list[b]))
                 step_depth.append(int(depths_list[b]))
                 keep_t.append(path)
                 counts_t.append(len(path))
@@ -471,6 +482,111 @@ class SpeculativeDecoder:
             logits = self.drafter.forward(state, ftoks.to(dev), fpar.to(dev))
             # padding entries hang below the context and are never kept
         return self._flatten(trees, q_of, roots)
+
+    def _pending_forward(self, state: Any, pending: list[list[int]]) -> torch.Tensor:
+        """Feed each row's pending tokens (left-padded chain ending at the root token) -> root logits [B, 1, V]."""
+        assert self.drafter is not None
+        batch = len(pending)
+        width = max(len(p) for p in pending)
+        self._pending_width = width
+        ptoks = torch.zeros(batch, width, dtype=torch.long)
+        ppar = torch.full((batch, width), -1, dtype=torch.long)
+        for b, p in enumerate(pending):
+            off = width - len(p)
+            ptoks[b, off:] = torch.tensor(p, dtype=torch.long)
+            ppar[b, off + 1 :] = torch.arange(off, width - 1)
+        return self.drafter.forward(state, ptoks.to(self.device), ppar.to(self.device))[:, -1:]
+
+    def _draft_dynatree(
+        self, state: Any, pending: list[list[int]], roots: list[int], depth_cap: int, active: list[bool]
+    ) -> tuple[FlatTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DynaTree drafting (the decisions of :func:`spec_ref.draft_dynatree`), one draft pass per level.
+
+        The reference pops a FIFO frontier; all nodes of one depth precede the next depth in it, so
+        expanding level by level in creation order makes the same decisions. Each level forwards its
+        expandable nodes in one batched pass; the budget is checked node by node as in the reference.
+        ``depth_cap`` (tokens left) lowers D_max for this step only.
+        """
+        assert self.drafter is not None
+        batch = len(pending)
+        logits = self._pending_forward(state, pending)
+        width = self._pending_width
+        params = []
+        for b in range(batch):
+            p = adjusted_params(self.strategy.dynatree_params(), self._dyna_history[b])
+            params.append(p)
+        q = torch.softmax(logits.float(), dim=-1)  # [B, 1, V]
+        u0 = q[:, 0].argmax(dim=-1).tolist()  # first maximum = lowest id on ties
+        p0 = q[:, 0].max(dim=-1).values.tolist()
+        trees = [_RowTree(width - 1) for _ in range(batch)]
+        size = [1] * batch
+        level: list[list[int]] = []
+        for b, tr in enumerate(trees):
+            tr.draws[0].append(u0[b])
+            level.append([tr.add(0, u0[b], [], p0[b])])
+        depth = 1  # DraftTree depth of `level`; seed depth d(u) = depth - 1
+        while depth < depth_cap:
+            expand: list[list[int]] = []
+            for b, tr in enumerate(trees):
+                prm = params[b]
+                rows = []
+                if active[b] and size[b] < prm.node_budget:
+                    d = depth - 1
+                    for u in level[b]:
+                        p_u = tr.score[u]
+                        if p_u < prm.prune_threshold or d >= prm.max_depth or p_u < prm.rho_stop:
+                            continue
+                        if d >= prm.base_depth and p_u < prm.rho_deep:
+                            continue
+                        rows.append(u)
+                expand.append(rows)
+            if not any(expand):
+                break
+            fw = max(len(e) for e in expand)
+            base = self.drafter.num_block(state)
+            ftoks = torch.zeros(batch, fw, dtype=torch.long)
+            fpar = torch.full((batch, fw), -1, dtype=torch.long)
+            for b, tr in enumerate(trees):
+                for j, u in enumerate(expand[b]):
+                    ftoks[b, j] = tr.tokens[u]
+                    fpar[b, j] = tr.entry[tr.parents[u]]
+                    tr.entry[u] = base + j
+            q = torch.softmax(self.drafter.forward(state, ftoks.to(self.device), fpar.to(self.device)).float(), dim=-1)
+            bmax = max(max(p.branch_max, p.branch_mid, p.branch_min) for p in params)
+            top_vals, top_ids = torch.sort(q, dim=-1, descending=True, stable=True)
+            tv, ti = top_vals[..., :bmax].tolist(), top_ids[..., :bmax].tolist()
+            next_level: list[list[int]] = [[] for _ in range(batch)]
+            for b, tr in enumerate(trees):
+                prm = params[b]
+                for j, u in enumerate(expand[b]):
+                    if size[b] >= prm.node_budget:
+                        break
+                    confidence = tv[b][j][0]
+                    if confidence >= prm.tau_high:
+                        branches = prm.branch_min
+                    elif confidence < prm.tau_low:
+                        branches = prm.branch_max
+                    else:
+                        branches = prm.branch_mid
+                    for val, tok in zip(tv[b][j][:branches], ti[b][j][:branches]):
+                        if size[b] >= prm.node_budget or val <= 0:
+                            break
+                        p_v = tr.score[u] * val
+                        if p_v < prm.prune_threshold:
+                            break
+                        tr.draws[u].append(tok)
+                        next_level[b].append(tr.add(u, tok, [], p_v))
+                        size[b] += 1
+            level = next_level
+            depth += 1
+        for b, tr in enumerate(trees):
+            if active[b]:
+                self._dyna_history[b] = DynaTreeHistory(
+                    window=self._dyna_history[b].window,
+                    acceptance=self._dyna_history[b].acceptance,
+                    pending_depth=max(tr.depths),
+                )
+        return self._flatten(trees, [{} for _ in range(batch)], roots)
 
     def _flatten(
         self, trees: list[_RowTree], q_of: list[dict[int, torch.Tensor]], roots: list[int]

@@ -13,6 +13,10 @@ A :class:`Strategy` names a tree shape and a verifier:
                branches of ``L2`` tokens (seeds/002 Def 5.2)
 ``topk``       deterministic budgeted top-k tree (EAGLE-2;  ``nss`` (the only lossless sampling choice,
                same rule as :func:`spec_ref.draft_topk_tree`) ALGORITHMS.md section 2)
+``dynatree``   DynaTree adaptive tree (breadth by draft      ``nss``; greedy commit at T = 0
+               confidence, depth gating, probability
+               pruning, history adjustment; the decisions
+               of :func:`spec_ref.draft_dynatree`)
 =============  ===========================================  =========================================
 
 At temperature 0 every strategy is verified by the exact greedy rule (ALGORITHMS.md section 8); with
@@ -20,12 +24,15 @@ At temperature 0 every strategy is verified by the exact greedy rule (ALGORITHMS
 is irrelevant to greedy verification), a ``chain`` follows the draft's argmax.
 
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
-``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``.
+``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
+(seed depths as in seeds/003: the DraftTree depth is ``DMAX + 1``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from spec_ref.dynatree import DynaTreeParams
 
 __all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY"]
 
@@ -36,8 +43,11 @@ SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
     "iid": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
     "delayed": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
     "topk": ("nss",),
+    "dynatree": ("nss",),
 }
-_DEFAULT_VERIFIER = {"ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss"}
+_DEFAULT_VERIFIER = {
+    "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
+}
 
 #: The CLI default (measured best on SmolLM2 with the early-exit draft; see bench/results/engine.md).
 DEFAULT_STRATEGY = "chain:4"
@@ -72,6 +82,8 @@ class Strategy:
             raise ValueError(f"num_paths must be >= 1, got num_paths={self.num_paths}")
         if self.shape == "delayed" and not self.trunk < self.depth:
             raise ValueError(f"trunk must be < depth, got trunk={self.trunk}, depth={self.depth}")
+        if self.shape == "dynatree":
+            self.dynatree_params()  # validates D0 < DMAX and the budget
         if self.shape == "topk" and (self.top_k < 1 or self.budget < 1):
             raise ValueError(f"topk trees need top_k >= 1 and budget >= 1, got {self.top_k}, {self.budget}")
         verifier = self.verifier or _DEFAULT_VERIFIER[self.shape]
@@ -82,13 +94,17 @@ class Strategy:
             )
         object.__setattr__(self, "verifier", verifier)
 
+    def dynatree_params(self) -> DynaTreeParams:
+        """The DynaTree parameters (seeds/003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
+        return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget)
+
     @property
     def drafts(self) -> bool:
         return self.shape != "ar"
 
     @property
     def process(self) -> str:
-        return "deterministic" if self.shape == "topk" else "iid"
+        return "deterministic" if self.shape in ("topk", "dynatree") else "iid"
 
     def label(self) -> str:
         if self.shape == "ar":
@@ -99,6 +115,8 @@ class Strategy:
             return f"iid:{self.num_paths}x{self.depth}/{self.verifier}"
         if self.shape == "delayed":
             return f"delayed:{self.num_paths},{self.trunk},{self.depth - self.trunk}/{self.verifier}"
+        if self.shape == "dynatree":
+            return f"dynatree:{self.trunk},{self.depth - 1},{self.budget}/{self.verifier}"
         return f"topk:{self.depth},{self.top_k},{self.budget}/{self.verifier}"
 
 
@@ -135,6 +153,11 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
     if shape == "topk":
         depth, k, budget = _ints(args or "4,2,8", ",", 3, spec)
         return Strategy(shape="topk", depth=depth, top_k=k, budget=budget, verifier=v)
+    if shape == "dynatree":
+        d0, dmax, budget = _ints(args or "5,8,64", ",", 3, spec)
+        if not 1 <= d0 < dmax:
+            raise ValueError(f"strategy {spec!r}: need 1 <= D0 < DMAX")
+        return Strategy(shape="dynatree", depth=dmax + 1, trunk=d0, budget=budget, verifier=v)
     raise ValueError(
-        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2 or topk:DEPTH,K,BUDGET"
+        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, topk:DEPTH,K,BUDGET or dynatree"
     )

@@ -48,6 +48,7 @@ STRATEGIES = [
     ("iid:3x2", "traversal"),
     ("delayed:2,1,1", "specinfer"),
     ("topk:2,2,4", "nss"),
+    ("dynatree:1,2,6", "nss"),
 ]
 
 

@@ -1,0 +1,75 @@
+"""The engine's deterministic trees make the same decisions as the spec_ref drafting rules.
+
+The first tree drafted from a prompt (as a set of root-to-node token paths, and the draw order at each
+node) equals :func:`spec_ref.draft_topk_tree` / :func:`spec_ref.draft_dynatree` run on the draft model's
+float64 next-token distributions. Random tiny models: ties or threshold hits within float32 rounding are
+not expected at these sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.flat_tree import FlatTree
+from spec_fast.strategies import parse_strategy
+from spec_ref.drafting import draft_topk_tree
+from spec_ref.dynatree import DynaTreeHistory, DynaTreeParams, draft_dynatree
+from tests.engine.models import tiny_llama
+
+TARGET = tiny_llama(vocab_size=16, seed=11)
+DRAFTER = EarlyExitDrafter(TARGET, 1)
+PROMPTS = [[1, 2, 3], [7], [4, 4, 9, 12]]
+
+
+def _draft_model(prompt: list[int]) -> Any:
+    def model(prefix: tuple[int, ...]) -> np.ndarray:
+        with torch.no_grad():
+            logits = DRAFTER.model(torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
+        return torch.softmax(logits, dim=-1).numpy()
+
+    return model
+
+
+def _engine_tree(strategy: str, prompt: list[int]) -> tuple[set[tuple[int, ...]], dict[tuple[int, ...], list[int]]]:
+    decoder = SpeculativeDecoder(TARGET, DRAFTER, parse_strategy(strategy))
+    decoder.record_trees = True
+    decoder.generate([prompt], max_new_tokens=12)
+    tree: FlatTree = decoder.recorded_trees[0]
+    tokens, parents, valid = tree.tokens[0].tolist(), tree.parents[0].tolist(), tree.valid[0].tolist()
+    paths: dict[int, tuple[int, ...]] = {0: ()}
+    for i in range(1, len(tokens)):
+        if valid[i]:
+            paths[i] = paths[parents[i]] + (tokens[i],)
+    draws = {paths[i]: [t for t in tree.draws[0, i].tolist() if t >= 0] for i in paths}
+    return set(paths.values()), draws
+
+
+def _reference_tree(tree: Any) -> tuple[set[tuple[int, ...]], dict[tuple[int, ...], list[int]]]:
+    paths: dict[int, tuple[int, ...]] = {0: ()}
+    for i in range(1, tree.num_nodes):
+        paths[i] = paths[tree.parents[i]] + (tree.tokens[i],)
+    draws = {paths[i]: list(tree.draws[i]) for i in paths}
+    return set(paths.values()), draws
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("depth,top_k,budget", [(3, 2, 6), (4, 3, 10), (2, 4, 5)])
+def test_topk_trees_equal_the_reference_rule(prompt: list[int], depth: int, top_k: int, budget: int) -> None:
+    got = _engine_tree(f"topk:{depth},{top_k},{budget}", prompt)
+    want = _reference_tree(draft_topk_tree(_draft_model(prompt), depth, top_k, budget))
+    assert got == want
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("d0,dmax,budget", [(5, 8, 64), (2, 4, 10), (1, 3, 6)])
+def test_dynatree_trees_equal_the_reference_rule(prompt: list[int], d0: int, dmax: int, budget: int) -> None:
+    got = _engine_tree(f"dynatree:{d0},{dmax},{budget}", prompt)
+    params = DynaTreeParams(base_depth=d0, max_depth=dmax, node_budget=budget)
+    tree, _ = draft_dynatree(_draft_model(prompt), params, DynaTreeHistory())
+    assert got == _reference_tree(tree)
