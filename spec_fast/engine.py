@@ -230,9 +230,14 @@ class SpeculativeDecoder:
         first_token_time: float | None = None
         self._dyna_history = [DynaTreeHistory() for _ in range(batch)]
 
+        controller = _AdaptiveController() if self.strategy.adaptive else None
         while any(active):
             remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
             depth_cap = min(self.strategy.depth, remaining - 1)
+            speculate = controller.speculate() if controller is not None else True
+            if not speculate:
+                depth_cap = 0
+            step_start = time.perf_counter()
             draft_probs: torch.Tensor | None
             if self.strategy.shape == "dynatree" and depth_cap >= 1:
                 tree, draft_probs, entries, tokens_in = self._draft_dynatree(draft_state, pending, roots, depth_cap, active)
@@ -312,6 +317,10 @@ class SpeculativeDecoder:
                 if len(outputs[b]) >= max_new_tokens or (outputs[b] and outputs[b][-1] in eos):
                     active[b] = False
             metrics.record_step(step_acc, step_depth)
+            if controller is not None:
+                emitted_rows = [num_list[b] + 1 for b in range(batch) if counts_t[b] > 0]
+                controller.observe(depth_cap >= 1, sum(emitted_rows) / max(len(emitted_rows), 1),
+                                   time.perf_counter() - step_start)
             target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device))
             if draft_state is not None and self.drafter is not None and self.drafter.num_block(draft_state) > 0:
                 self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device))
@@ -652,6 +661,45 @@ class SpeculativeDecoder:
         accepted.scatter_(1, torch.where(slots >= 0, slots, torch.full_like(slots, n)), True)
         accepted = accepted[:, :n]
         return accepted, result.num_accepted, result.next_token, offset + tree.num_slots * per_node
+
+
+class _AdaptiveController:
+    """Chooses speculative or plain steps by measured throughput (``Strategy.adaptive``).
+
+    Keeps exponential moving averages of tokens per step and seconds per step for both kinds of step
+    (the wall time of the whole step, drafting included). Starts with one speculative and one plain step,
+    then runs whichever kind has the higher tokens/s, re-probing the other kind every ``probe_every``
+    steps. Both kinds are exact, so this changes speed only, never the output law.
+    """
+
+    def __init__(self, probe_every: int = 12, decay: float = 0.7) -> None:
+        self.probe_every = probe_every
+        self.decay = decay
+        self.tokens: dict[bool, float] = {}
+        self.seconds: dict[bool, float] = {}
+        self.steps = 0
+
+    def rate(self, spec: bool) -> float:
+        return self.tokens[spec] / max(self.seconds[spec], 1e-9)
+
+    def speculate(self) -> bool:
+        if True not in self.tokens:
+            return True
+        if False not in self.tokens:
+            return False
+        best = self.rate(True) >= self.rate(False)
+        if self.steps % self.probe_every == self.probe_every - 1:
+            return not best
+        return best
+
+    def observe(self, spec: bool, tokens: float, seconds: float) -> None:
+        self.steps += 1
+        if spec not in self.tokens:
+            self.tokens[spec], self.seconds[spec] = tokens, seconds
+        else:
+            d = self.decay
+            self.tokens[spec] = d * self.tokens[spec] + (1 - d) * tokens
+            self.seconds[spec] = d * self.seconds[spec] + (1 - d) * seconds
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -23,6 +23,10 @@ At temperature 0 every strategy is verified by the exact greedy rule (ALGORITHMS
 ``iid``/``delayed`` shapes the draft then samples its paths from ``softmax(draft logits)`` (the draft law
 is irrelevant to greedy verification), a ``chain`` follows the draft's argmax.
 
+``+adaptive`` after any drafting strategy (``chain:3+adaptive``) lets the engine fall back to plain
+decoding steps while speculation does not pay (measured tokens per second of speculative steps vs plain
+steps, re-probed every few steps); both kinds of steps are exact, so the output law is unchanged.
+
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
 ``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
 (seed depths as in seeds/003: the DraftTree depth is ``DMAX + 1``).
@@ -68,6 +72,7 @@ class Strategy:
     top_k: int = 0
     budget: int = 0
     verifier: str = ""
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.shape not in SAMPLING_VERIFIERS:
@@ -107,6 +112,9 @@ class Strategy:
         return "deterministic" if self.shape in ("topk", "dynatree") else "iid"
 
     def label(self) -> str:
+        return self._label() + ("+adaptive" if self.adaptive else "")
+
+    def _label(self) -> str:
         if self.shape == "ar":
             return "ar"
         if self.shape == "chain":
@@ -135,6 +143,11 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
     """``ar`` | ``chain:L`` | ``iid:KxL`` | ``delayed:K,L1,L2`` | ``topk:DEPTH,K,BUDGET`` -> :class:`Strategy`."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"strategy must be a non-empty string, got strategy={spec!r}")
+    if spec.endswith("+adaptive"):
+        base = parse_strategy(spec[: -len("+adaptive")], verifier)
+        if not base.drafts:
+            raise ValueError(f"strategy {spec!r}: '+adaptive' needs a drafting strategy")
+        return Strategy(base.shape, base.depth, base.num_paths, base.trunk, base.top_k, base.budget, base.verifier, True)
     shape, _, args = spec.partition(":")
     v = verifier or ""
     if shape == "ar":

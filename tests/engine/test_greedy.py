@@ -18,7 +18,7 @@ from tests.engine.models import hf_greedy, tiny_gpt2, tiny_llama
 
 STRATEGIES = [
     "ar", "chain:1", "chain:4", "iid:3x3", "delayed:2,1,2", "delayed:3,2,1", "topk:3,2,6", "topk:4,3,12", "dynatree",
-    "dynatree:2,4,10",
+    "dynatree:2,4,10", "chain:3+adaptive", "iid:2x3+adaptive",
 ]
 PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1], [60]]
 NEW_TOKENS = 24

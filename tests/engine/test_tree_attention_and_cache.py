@@ -77,7 +77,8 @@ def _assert_cache_equal(got: list[tuple[torch.Tensor, torch.Tensor]], want: list
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize(
-    "strategy,temperature", [("chain:3", 0.0), ("iid:3x3", 0.0), ("topk:3,2,6", 0.0), ("iid:2x3", 0.9), ("chain:4", 1.0)]
+    "strategy,temperature", [("chain:3", 0.0), ("iid:3x3", 0.0), ("topk:3,2,6", 0.0), ("iid:2x3", 0.9), ("chain:4", 1.0),
+     ("dynatree:2,4,10", 0.0), ("chain:2+adaptive", 0.0), ("iid:2x2+adaptive", 1.0)]
 )
 @pytest.mark.parametrize("new_tokens", [1, 5, 17])
 def test_caches_after_generation_equal_a_fresh_prefill_of_the_accepted_text(
