@@ -1034,6 +1034,9 @@ def verify_tree(
     max_depth = int(max_depth)
     compact = options.get("compact")
     ctx = _Rows(device.type == "cpu" if compact is None else bool(compact))
+    if tree.max_draws == 0:  # K = 0 (every tree is a lone root): one padding draw column keeps shapes uniform
+        pad = torch.full((tree.batch_size, tree.num_slots, 1), -1, dtype=torch.long, device=device)
+        tree = FlatTree(tree.tokens, tree.parents, tree.depths, pad, tree.valid, tree.process)
     children = child_slots(tree)
     if method in GREEDY_METHODS:
         node, token = _greedy_driver(tree, target_probs, children, max_depth)
