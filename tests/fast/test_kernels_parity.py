@@ -253,3 +253,14 @@ def test_cuda_device_path_equals_the_cpu_path_row_for_row(method: str, options: 
     cpu = verify_tree(method, batch.flat, target, draft, uniforms, **options)
     gpu = verify_tree(method, batch.flat.to("cuda"), target.cuda(), draft.cuda(), uniforms.cuda(), **options)
     assert torch.equal(cpu.emitted, gpu.emitted.cpu())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_lone_roots_with_no_draw_column_emit_one_token_from_the_target(method: str) -> None:
+    """A batch whose FlatTree has K = 0 (``draws [B, 1, 0]``) still verifies: tau = 0 and the bonus ~ p_root."""
+    flat = FlatTree(torch.full((2, 1), -1), torch.full((2, 1), -1), torch.zeros(2, 1, dtype=torch.long),
+                    torch.zeros(2, 1, 0, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool))
+    target = torch.tensor([[[0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0]]])
+    uniforms = torch.full((2, 1, uniforms_per_node(method, 0)), 0.5)
+    out = verify_tree(method, flat, target, target, uniforms)
+    assert out.num_accepted.tolist() == [0, 0] and out.next_token.tolist() == [1, 2]
