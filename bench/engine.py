@@ -7,7 +7,7 @@ and at T = 0.7 / top-p 0.9. Reports tokens/s, block efficiency (tokens per targe
 and ratio over HF assisted generation; writes ``bench/results/engine.{json,md,png}``.
 
     python bench/engine.py            # full run (32 new tokens per prompt)
-    python bench/engine.py --quick    # 12 new tokens per prompt, fewer strategies
+    python bench/engine.py --quick    # 10 new tokens x 20 prompts, fewer strategies
 """
 
 from __future__ import annotations
@@ -60,15 +60,17 @@ PROMPTS = [
     "Give a one-line definition of machine learning.",
 ]
 
-GREEDY_STRATEGIES = [("chain:3", None), ("chain:5", None), ("iid:2x3", None), ("delayed:2,1,2", None), ("topk:3,2,6", None)]
+GREEDY_STRATEGIES = [("chain:3", None), ("chain:1", None), ("iid:2x3", None), ("delayed:2,1,2", None), ("topk:3,2,6", None),
+                     ("dynatree:2,4,16", None), ("chain:3+adaptive", None)]
 SAMPLING_STRATEGIES = [
     ("chain:3", "naive"), ("chain:3", "bv"), ("chain:3", "traversal"),
     ("iid:2x3", "specinfer"), ("iid:2x3", "spectr"), ("iid:2x3", "naive_tree"), ("iid:2x3", "nss"),
     ("iid:2x3", "khisti"), ("iid:2x3", "traversal"), ("delayed:2,1,2", "specinfer"), ("topk:3,2,6", "nss"),
+    ("dynatree:2,4,16", "nss"), ("chain:3+adaptive", "naive"),
 ]
-QUICK_GREEDY = [("chain:3", None), ("iid:2x3", None), ("topk:3,2,6", None)]
-QUICK_SAMPLING = [("chain:3", "naive"), ("chain:3", "bv"), ("iid:2x3", "specinfer"), ("iid:2x3", "traversal"),
-                  ("topk:3,2,6", "nss")]
+QUICK_GREEDY = [("chain:2", None), ("topk:3,2,6", None), ("dynatree:2,4,16", None), ("chain:2+adaptive", None)]
+QUICK_SAMPLING = [("chain:2", "naive"), ("chain:2", "bv"), ("iid:2x2", "specinfer"), ("iid:2x2", "traversal"),
+                  ("topk:3,2,6", "nss"), ("chain:2+adaptive", "naive")]
 
 
 def _hf_run(model: Any, prompt: list[int], new: int, sampling: SamplingParams, eos: int | None,
@@ -89,15 +91,15 @@ def _hf_run(model: Any, prompt: list[int], new: int, sampling: SamplingParams, e
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="12 new tokens per prompt, fewer strategies")
+    parser.add_argument("--quick", action="store_true", help="10 new tokens x 20 prompts, fewer strategies")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--draft-layers", type=int, default=24, help="early-exit draft: first N of 30 layers")
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=20 if "--quick" in (argv or sys.argv) else len(PROMPTS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: robust when the 2 cores are shared)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    new = args.max_new_tokens or (12 if args.quick else 32)
+    new = args.max_new_tokens or (10 if args.quick else 32)
     model, tokenizer = load_model()
     eos = tokenizer.eos_token_id
     prompts = [chat_prompt_ids(tokenizer, p) for p in PROMPTS[: args.prompts]]
@@ -136,10 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             wall += dt
             bar.update(1)
         label = engine if engine.startswith("hf") else parse_strategy(spec, verifier).label()
-        if engine == "ours" and not sampling.greedy and spec != "ar":
-            label = parse_strategy(spec, verifier).label()
-        elif engine == "ours" and sampling.greedy and spec != "ar":
-            label = f"{spec}/greedy"
+        if engine == "ours" and sampling.greedy and spec != "ar":
+            label = parse_strategy(spec).label().replace(f"/{parse_strategy(spec).verifier}", "/greedy")
         rows.append({
             "engine": engine, "config": label, "setting": setting, "tokens": tokens, "wall_s": wall,
             "tokens_per_s": tokens / wall if wall else 0.0,
