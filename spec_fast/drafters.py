@@ -38,8 +38,9 @@ class Drafter:
         """``tokens [B, Q]``, ``parents [B, Q]`` (block indices, -1 = below the context) -> logits ``[B, Q, V]``."""
         raise NotImplementedError
 
-    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor) -> None:
-        """Keep block entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``)."""
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        """Keep block entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``); see
+        :meth:`~spec_fast.kv_cache.TreeKVCache.commit` for ``prefix_of_block``."""
         raise NotImplementedError
 
     def num_block(self, state: Any) -> int:
@@ -67,8 +68,8 @@ class ModelDrafter(Drafter):
         logits: torch.Tensor = state.forward(tokens, parents).logits
         return logits
 
-    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor) -> None:
-        state.commit(keep, counts)
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        state.commit(keep, counts, prefix_of_block)
 
     def num_block(self, state: Any) -> int:
         return int(state.num_block)

@@ -321,9 +321,11 @@ class SpeculativeDecoder:
                 emitted_rows = [num_list[b] + 1 for b in range(batch) if counts_t[b] > 0]
                 controller.observe(depth_cap >= 1, sum(emitted_rows) / max(len(emitted_rows), 1),
                                    time.perf_counter() - step_start)
-            target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device))
+            target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device),
+                                _is_block_prefix(keep_t, counts_t, self._aligned(target_state)))
             if draft_state is not None and self.drafter is not None and self.drafter.num_block(draft_state) > 0:
-                self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device))
+                self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device),
+                                    _is_block_prefix(keep_d, counts_d, self._aligned(draft_state)))
             if first_token_time is None:
                 first_token_time = time.perf_counter() - start
             if on_tokens is not None:
@@ -343,6 +345,14 @@ class SpeculativeDecoder:
         return GenerationResult(tokens=outputs, metrics=metrics)
 
     # ------------------------------------------------------------------ phases
+    @staticmethod
+    def _aligned(state: Any) -> bool:
+        """True when every row's context fills the physical context (no padding slots)."""
+        lengths = getattr(state, "lengths", None)
+        if lengths is None:
+            return False
+        return bool((lengths == state.context_size).all().item())
+
     _pending_width = 0
     _prefilled_target = False
     _prefilled_draft = False
@@ -668,16 +678,17 @@ class _AdaptiveController:
 
     Keeps exponential moving averages of tokens per step and seconds per step for both kinds of step
     (the wall time of the whole step, drafting included). Starts with one speculative and one plain step,
-    then runs whichever kind has the higher tokens/s, re-probing the other kind every ``probe_every``
-    steps. Both kinds are exact, so this changes speed only, never the output law.
+    then runs whichever kind has the higher tokens/s, re-probing the other kind after ``probe_every``
+    steps, with the interval doubling after every probe (so a losing kind costs O(log n) probes). Both kinds are exact, so this changes speed only, never the output law.
     """
 
-    def __init__(self, probe_every: int = 12, decay: float = 0.7) -> None:
+    def __init__(self, probe_every: int = 8, decay: float = 0.7) -> None:
         self.probe_every = probe_every
         self.decay = decay
         self.tokens: dict[bool, float] = {}
         self.seconds: dict[bool, float] = {}
         self.steps = 0
+        self.since_probe = 0
 
     def rate(self, spec: bool) -> float:
         return self.tokens[spec] / max(self.seconds[spec], 1e-9)
@@ -688,8 +699,12 @@ class _AdaptiveController:
         if False not in self.tokens:
             return False
         best = self.rate(True) >= self.rate(False)
-        if self.steps % self.probe_every == self.probe_every - 1:
+        if self.since_probe >= self.probe_every:
+            # probe the losing kind; each probe that confirms the choice doubles the interval
+            self.since_probe = 0
+            self.probe_every *= 2
             return not best
+        self.since_probe += 1
         return best
 
     def observe(self, spec: bool, tokens: float, seconds: float) -> None:
@@ -700,6 +715,13 @@ class _AdaptiveController:
             d = self.decay
             self.tokens[spec] = d * self.tokens[spec] + (1 - d) * tokens
             self.seconds[spec] = d * self.seconds[spec] + (1 - d) * seconds
+
+
+def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:
+    """Host-side check for :meth:`TreeKVCache.commit`'s truncation fast path."""
+    if not aligned or not counts or any(c != counts[0] for c in counts):
+        return False
+    return all(row[: counts[0]] == list(range(counts[0])) for row in keep)
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

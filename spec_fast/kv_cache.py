@@ -81,15 +81,32 @@ class TreeKVCache:
         self.passes += 1
         return out
 
-    def commit(self, keep: torch.Tensor, counts: torch.Tensor) -> None:
+    def commit(self, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         """Keep, per row, the block entries ``keep[b, :counts[b]]`` (in order) behind the context.
 
         Args:
             keep: ``[B, C]`` long block indices (entries beyond ``counts[b]`` are ignored).
             counts: ``[B]`` long number of kept entries per row.
+            prefix_of_block: the caller guarantees that every row has ``lengths[b] == context_size``,
+                the same count, and ``keep[b, :count] == arange(count)`` (e.g. an accepted chain prefix);
+                then the cache is truncated instead of gathered.
         """
         batch = self.batch_size
         new_lengths = self.lengths + counts
+        if prefix_of_block:
+            # every row keeps block entries [0, counts[0]) right behind an unpadded context: the kept
+            # entries are already in place, so the cache is only truncated (a view, no copy)
+            new_size = self.context_size + int(counts[0].item()) if batch > 0 else self.context_size
+            layers_view: list[Any] = list(self.cache.layers)
+            for layer in layers_view:
+                if layer.keys is not None and layer.keys.numel() > 0:
+                    layer.keys = layer.keys[:, :, :new_size]
+                    layer.values = layer.values[:, :, :new_size]
+            self.lengths = new_lengths
+            self.context_size = new_size
+            self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
+            self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+            return
         start = int(self.lengths.min().item()) if batch > 0 else 0
         new_size = int(new_lengths.max().item())
         width = new_size - start
