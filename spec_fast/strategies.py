@@ -53,8 +53,9 @@ _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
 
-#: The CLI default (measured best on SmolLM2 with the early-exit draft; see bench/results/engine.md).
-DEFAULT_STRATEGY = "chain:4"
+#: The CLI default: the best speculative configuration measured on SmolLM2 with the untrained early-exit
+#: draft (bench/results/engine.md); ``+adaptive`` falls back to plain steps where drafting does not pay.
+DEFAULT_STRATEGY = "chain:2+adaptive"
 
 
 @dataclass(frozen=True)
