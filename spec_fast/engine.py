@@ -207,7 +207,10 @@ class SpeculativeDecoder:
         eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         device = self.device
         batch = len(prompt_lists)
-        metrics = GenerationMetrics(strategy=self.strategy.label(), batch_size=batch,
+        label = self.strategy.label()
+        if sampling.greedy and self.strategy.drafts:
+            label = label.replace(f"/{self.strategy.verifier}", "/greedy")
+        metrics = GenerationMetrics(strategy=label, batch_size=batch,
                                     prompt_tokens=sum(len(p) for p in prompt_lists))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
