@@ -1,0 +1,105 @@
+"""Train the committed drafts of spec_fast.heads (distilled, eagle, rnn) from SmolLM2-135M-Instruct on CPU.
+
+Reproduce the committed weights (spec_fast/weights/*.safetensors) with exactly:
+
+    python scripts/train_drafts.py
+
+(defaults: 120 training prompts x (1 greedy + 2 sampled, T = 0.8) responses of <= 128 tokens, top-32 teacher,
+8192-token draft vocabulary, 250 steps x 8 sequences per draft, seed 0, 1 torch thread; about 30 minutes
+on the 2-core project machine). The held-out prompts (spec_fast.training.HELDOUT_PROMPTS) are never read.
+``--steps N`` and ``--prompts N`` shrink the run for smoke tests; ``--out DIR`` writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from spec_fast.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
+from spec_fast.models import load_model  # noqa: E402
+from spec_fast.training import (  # noqa: E402
+    TRAIN_PROMPTS,
+    TrainConfig,
+    generate_responses,
+    save_weights,
+    teacher_forcing,
+    train_distilled,
+    train_head,
+    vocabulary_subset,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=WEIGHTS_DIR, help="output folder (default: spec_fast/weights)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per draft (default 300 distilled, 300 heads)")
+    parser.add_argument("--prompts", type=int, default=len(TRAIN_PROMPTS), help="use the first N training prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=TrainConfig.max_new_tokens)
+    parser.add_argument("--samples", type=int, default=TrainConfig.samples, help="sampled responses per prompt (besides greedy)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on the shared 2-core machine 2 threads stall behind other jobs)")
+    parser.add_argument("--drafts", default="distilled,eagle,rnn")
+    parser.add_argument("--lr-distilled", type=float, default=TrainConfig.lr_distilled)
+    parser.add_argument("--lr-head", type=float, default=TrainConfig.lr_head)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    base = TrainConfig()
+    config = TrainConfig(
+        max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed,
+        lr_distilled=args.lr_distilled, lr_head=args.lr_head,
+        steps_distilled=args.steps or base.steps_distilled, steps_head=args.steps or base.steps_head,
+    )
+    drafts = [d for d in args.drafts.split(",") if d]
+    start = time.perf_counter()
+    target, tokenizer = load_model()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    prompts = list(TRAIN_PROMPTS[: args.prompts])
+    n_seq = len(prompts) * (1 + config.samples)
+    with tqdm(total=n_seq, desc="target responses", unit="seq") as bar:
+        pairs = generate_responses(target, tokenizer, prompts, config, lambda _, n: bar.update(n))
+    with tqdm(total=len(pairs), desc="teacher forcing", unit="seq") as bar:
+        data = teacher_forcing(target, pairs, config.top_k, progress=lambda _, n: bar.update(n))
+    specials = [t for t in (tokenizer.all_special_ids or []) if t is not None]
+    vocab_ids = vocabulary_subset(data, config.vocab_subset, int(target.config.vocab_size), specials)
+    tokens = int(data.lengths.sum())
+    print(f"data: {len(pairs)} sequences, {tokens} tokens, {time.perf_counter() - start:.0f}s", file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    meta_common = {
+        "command": "python scripts/train_drafts.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
+        "config": json.dumps(config.__dict__, sort_keys=True),
+        "train_sequences": str(len(pairs)), "train_tokens": str(tokens), "threads": str(args.threads),
+    }
+    if "distilled" in drafts:
+        with tqdm(total=config.steps_distilled, desc="distilled", unit="step") as bar:
+            def tick(msg: str, n: int) -> None:
+                bar.set_postfix_str(msg)
+                bar.update(n)
+            draft = train_distilled(target, data, vocab_ids, config, (0,), progress=tick)
+        save_weights(os.path.join(args.out, "distilled.safetensors"), distilled_state(draft), vocab_ids,
+                     {**meta_common, "init_layers": "0"})
+    for kind in ("eagle", "rnn"):
+        if kind not in drafts:
+            continue
+        with tqdm(total=config.steps_head, desc=kind, unit="step") as bar:
+            def tick2(msg: str, n: int) -> None:
+                bar.set_postfix_str(msg)
+                bar.update(n)
+            head = train_head(target, kind, data, vocab_ids, config, progress=tick2)
+        save_weights(os.path.join(args.out, f"{kind}.safetensors"), head.new_state(), vocab_ids, meta_common)
+    print(f"done in {time.perf_counter() - start:.0f}s -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,403 @@
+"""Trained drafts for the default target: a distilled one-layer draft model and two draft heads.
+
+Three drafts, trained by :mod:`spec_fast.training` (``python scripts/train_drafts.py``) and committed as
+safetensors under ``spec_fast/weights/`` (only the new weights; the target's embedding and LM head are
+shared, frozen, and never saved):
+
+``distilled``
+    a separate causal LM: one Llama decoder layer (initialised from the target's layer 0) + its own final
+    norm, reading the target's token embedding and writing through the target's LM head restricted to a
+    vocabulary subset. It is an ordinary HF model (:func:`distilled_model`), so HF assisted generation can
+    use the very same draft. It needs nothing from the target at run time.
+``eagle``
+    an EAGLE-style feature head: entry ``j`` reads ``concat(embed(x_j), f_{j-1})`` (``f`` = the target's
+    final normed hidden state, the feature its LM head reads), maps it with a linear layer to the width
+    ``H`` and runs one decoder layer (initialised from the target's last layer) with attention over its
+    own KV cache; the
+    output is the predicted feature ``f_j``, turned into logits by the target's LM head.
+``rnn``
+    a recurrent feature head of a different depth/cost: the same input map followed by a residual MLP
+    block and no attention (no cache), ``f_j = g(embed(x_j), f_{j-1})``.
+
+Both heads are advanced from the verifier's accepted hidden states (seeds/000 section 7): the engine
+calls :meth:`HeadDrafter.observe_target` with the target's features of every committed entry, and the
+pending tokens of the next step read those true features; draft-tree nodes read the feature their parent
+entry predicted.
+
+Vocabulary subset: every draft scores only the ``S`` most frequent tokens of the training data (the LM
+head rows of those tokens, :class:`SubsetHead`); other tokens get logit ``-inf`` (draft probability 0).
+The draft law only has to be a distribution over the target vocabulary, so this keeps every verifier
+lossless while cutting the draft's LM head cost by ``V / S``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_fast.drafters import Drafter
+from spec_fast.kv_cache import TreeKVCache
+
+__all__ = [
+    "DRAFT_NAMES", "WEIGHTS_DIR", "SubsetHead", "FeatureHead", "distilled_model", "load_distilled",
+    "load_head", "HeadDrafter", "load_drafter", "weights_path", "head_config",
+]
+
+#: Names of the committed drafts (``spec_fast/weights/<name>.safetensors``).
+DRAFT_NAMES = ("distilled", "eagle", "rnn")
+WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
+
+
+def weights_path(name: str, directory: str | None = None) -> str:
+    if name not in DRAFT_NAMES:
+        raise ValueError(f"draft name must be one of {DRAFT_NAMES}, got name={name!r}")
+    return os.path.join(directory or WEIGHTS_DIR, f"{name}.safetensors")
+
+
+def _target_parts(target: Any) -> tuple[nn.Module, nn.Module]:
+    """``(embed_tokens, lm_head)`` of a Llama-style target."""
+    base = getattr(target, "model", None)
+    if base is None or not hasattr(base, "embed_tokens") or not hasattr(base, "layers"):
+        raise ValueError(f"trained drafts need a Llama-style target (model.embed_tokens), got {type(target).__name__}")
+    return base.embed_tokens, target.get_output_embeddings()
+
+
+class SubsetHead(nn.Module):
+    """The target's LM head restricted to the vocabulary subset ``vocab_ids [S]`` (frozen, shared).
+
+    ``forward(hidden [..., H]) -> logits [..., V]`` with ``-inf`` outside the subset;
+    :meth:`subset_logits` gives the ``[..., S]`` scores (training).
+    """
+
+    def __init__(self, lm_head: nn.Module, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        weight = lm_head.weight  # [V, H], shared with the target
+        self.weight = weight
+        self.vocab_size = int(weight.shape[0])
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=False)
+        self.register_buffer("sub_weight", weight.detach().index_select(0, self.vocab_ids).clone(), persistent=False)
+
+    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.sub_weight.to(hidden.dtype))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = self.subset_logits(hidden)
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.vocab_ids] = sub
+        return out
+
+
+def _layer_config(target_config: Any, num_layers: int, intermediate: int | None = None) -> Any:
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    if intermediate is not None:
+        config.intermediate_size = intermediate
+    return config
+
+
+# ---------------------------------------------------------------------------------------------- distilled
+def distilled_model(target: Any, vocab_ids: torch.Tensor, init_layers: tuple[int, ...] = (0,)) -> Any:
+    """A ``len(init_layers)``-layer model of the target's class: copies of the target layers
+    ``init_layers`` and of its final norm (trainable), the target's embedding and a :class:`SubsetHead`
+    (shared, frozen). Only ``model.layers.*`` and ``model.norm.*`` are new weights."""
+    embed, lm_head = _target_parts(target)
+    total = len(target.model.layers)
+    if not init_layers or any(not 0 <= i < total for i in init_layers):
+        raise ValueError(f"init_layers must index the target's {total} layers, got init_layers={init_layers!r}")
+    config = _layer_config(target.config, len(init_layers))
+    with torch.device("meta"):
+        draft = type(target)(config)
+    draft.model.embed_tokens = embed
+    draft.model.rotary_emb = target.model.rotary_emb
+    layers = []
+    for new_index, i in enumerate(init_layers):
+        layer = copy.deepcopy(target.model.layers[i])
+        layer.self_attn.layer_idx = new_index  # the draft's own cache has len(init_layers) layers
+        layers.append(layer)
+    draft.model.layers = nn.ModuleList(layers)
+    draft.model.norm = copy.deepcopy(target.model.norm)
+    draft.lm_head = SubsetHead(lm_head, vocab_ids)
+    for name, tensor in list(draft.named_parameters()) + list(draft.named_buffers()):
+        if tensor.is_meta:
+            raise ValueError(f"distilled draft could not build {name}")
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    draft.eval()
+    return draft
+
+
+def distilled_state(draft: Any) -> dict[str, torch.Tensor]:
+    """The new weights of a :func:`distilled_model` (layers + final norm)."""
+    return {k: v for k, v in draft.state_dict().items() if k.startswith(("model.layers.", "model.norm."))}
+
+
+# ---------------------------------------------------------------------------------------------- heads
+def head_config(target_config: Any, kind: str) -> Any:
+    """Config of a feature head: one layer; ``eagle`` keeps the target's layer size, ``rnn`` uses an
+    MLP of intermediate size 768."""
+    if kind not in ("eagle", "rnn"):
+        raise ValueError(f"head kind must be 'eagle' or 'rnn', got kind={kind!r}")
+    config = _layer_config(target_config, 1, None if kind == "eagle" else 768)
+    config.vocab_size = 1
+    return config
+
+
+class _HeadOutput:
+    def __init__(self, logits: torch.Tensor, features: torch.Tensor) -> None:
+        self.logits = logits
+        self.features = features
+
+
+class FeatureHead(nn.Module):
+    """A draft head reading target features (module docstring): ``eagle`` or ``rnn``.
+
+    :meth:`features` maps ``embeds [B, Q, H]`` and ``prev_features [B, Q, H]`` to predicted features
+    ``[B, Q, H]``. :meth:`forward` has the HF call signature :class:`~spec_fast.kv_cache.TreeKVCache` uses
+    (``input_ids [B, Q]``, ``position_ids [B, Q]``, additive ``attention_mask [B, 1, Q, K]``, cache); it
+    reads the previous features staged in :attr:`staged_features` (``[B, Q, H]``) by the drafter.
+    """
+
+    def __init__(self, target: Any, kind: str, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer,
+            LlamaMLP,
+            LlamaRMSNorm,
+            LlamaRotaryEmbedding,
+        )
+
+        embed, lm_head = _target_parts(target)
+        self.kind = kind
+        self.config = head_config(target.config, kind)
+        hidden = int(self.config.hidden_size)
+        self.embed = [embed]  # shared, frozen: kept out of the module tree (not saved, not trained)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        if kind == "eagle":
+            self.layer = LlamaDecoderLayer(self.config, layer_idx=0)
+            self.rotary = LlamaRotaryEmbedding(self.config)
+        else:
+            self.mlp_norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
+            self.mlp = LlamaMLP(self.config)
+        self.norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
+        self.head = SubsetHead(lm_head, vocab_ids)
+        self.staged_features: torch.Tensor | None = None
+
+    def init_from_target(self, target: Any) -> None:
+        """Initialise the decoder layer (eagle) from the target's last layer and the norm from the target's
+        final norm (training start)."""
+        last = target.model.layers[-1]
+        with torch.no_grad():
+            if self.kind == "eagle":
+                self.layer.load_state_dict(last.state_dict())
+            self.norm.load_state_dict(target.model.norm.state_dict())
+            hidden = self.fc.weight.shape[0]
+            # start as "embedding + previous feature"
+            self.fc.weight.zero_()
+            self.fc.weight[:, :hidden] += torch.eye(hidden)
+            self.fc.weight[:, hidden:] += torch.eye(hidden)
+
+    def features(
+        self,
+        embeds: torch.Tensor,
+        prev_features: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+    ) -> torch.Tensor:
+        """``embeds [B, Q, H]``, ``prev_features [B, Q, H]`` -> predicted features ``[B, Q, H]``.
+
+        Without ``attention_mask`` the eagle layer attends causally (training on whole sequences)."""
+        x = self.fc(torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))
+        if self.kind == "eagle":
+            if position_ids is None:
+                position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+            rope = self.rotary(x, position_ids)
+            x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=past_key_values is not None,
+                           position_embeddings=rope)
+        else:
+            x = x + self.mlp(self.mlp_norm(x))
+        out: torch.Tensor = self.norm(x)
+        return out
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+                use_cache: bool = True, output_hidden_states: bool = False) -> _HeadOutput:
+        prev = self.staged_features
+        if prev is None or prev.shape[:2] != input_ids.shape:
+            raise ValueError("FeatureHead.forward needs staged_features [B, Q, H] matching input_ids [B, Q]")
+        embeds = self.embed[0](input_ids)
+        feats = self.features(embeds, prev, position_ids, attention_mask, past_key_values)
+        return _HeadOutput(self.head(feats), feats)
+
+    def new_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("head.")}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _read(name: str, directory: str | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    path = weights_path(name, directory)
+    if not os.path.exists(path):
+        raise ValueError(f"no weights for draft {name!r}: {path} is missing (run scripts/train_drafts.py)")
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(path, framework="pt") as handle:
+        meta = dict(handle.metadata() or {})
+        for key in handle.keys():
+            tensors[key] = handle.get_tensor(key)
+    return tensors, meta
+
+
+def load_distilled(target: Any, directory: str | None = None) -> Any:
+    """The committed ``distilled`` draft for ``target`` (an HF model; float32 like the target)."""
+    tensors, meta = _read("distilled", directory)
+    vocab_ids = tensors.pop("vocab_ids")
+    init_layers = tuple(int(i) for i in meta.get("init_layers", "0").split(","))
+    draft = distilled_model(target, vocab_ids, init_layers)
+    dtype = next(target.parameters()).dtype
+    missing = draft.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    if missing.unexpected_keys:
+        raise ValueError(f"distilled weights have unexpected keys {missing.unexpected_keys[:3]}")
+    return draft.eval()
+
+
+def load_head(target: Any, kind: str, directory: str | None = None) -> FeatureHead:
+    """The committed feature head ``kind`` (``eagle`` or ``rnn``) for ``target``."""
+    tensors, _ = _read(kind, directory)
+    vocab_ids = tensors.pop("vocab_ids")
+    head = FeatureHead(target, kind, vocab_ids)
+    dtype = next(target.parameters()).dtype
+    result = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    bad = [k for k in result.missing_keys if not k.startswith("head.")]
+    if bad or result.unexpected_keys:
+        raise ValueError(f"{kind} weights do not match the head: missing {bad[:3]}, unexpected {result.unexpected_keys[:3]}")
+    return head.to(dtype).eval()
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+@dataclass
+class HeadState:
+    """Per-generation state of a :class:`HeadDrafter` (``B`` rows)."""
+
+    cache: TreeKVCache
+    #: ``[B, E, H]`` feature predicted at every block entry of this step (fed to the entry's children)
+    block_features: torch.Tensor
+    #: per row, the target's features of committed entries (oldest first; a zero feature stands for
+    #: "before the first token"); only the last ``history`` rows are kept
+    history: list[torch.Tensor] = field(default_factory=list)
+    prefill_observed: bool = False
+
+
+class HeadDrafter(Drafter):
+    """A :class:`FeatureHead` as a drafter that advances from the verifier's accepted hidden states.
+
+    Protocol with the engine (in addition to :class:`~spec_fast.drafters.Drafter`):
+    ``wants_target_hidden = True``, and after every target pass that commits entries the engine calls
+    ``observe_target(state, target_hidden [B, N, H], keep [B, C], counts [B])`` with the target's final
+    normed hidden states of that pass and the committed entries ``keep[b, :counts[b]]`` in order (the
+    prompt chain at prefill, the accepted path root-first after a step). Pending tokens (the committed
+    tokens the drafter has not seen, ending with the root token) then read the features of the entries
+    right before them; draft-tree nodes read their parent's predicted feature.
+    """
+
+    wants_target_hidden = True
+
+    def __init__(self, head: FeatureHead, history: int = 64) -> None:
+        self.head = head
+        self.vocab_size = head.head.vocab_size
+        self.kind = head.kind
+        self.history = history
+        self.hidden_size = int(head.config.hidden_size)
+
+    def begin(self, batch_size: int, device: torch.device) -> HeadState:
+        dtype = next(self.head.parameters()).dtype
+        zero = torch.zeros(1, self.hidden_size, dtype=dtype, device=device)
+        return HeadState(
+            cache=TreeKVCache(self.head, batch_size, device),
+            block_features=torch.zeros(batch_size, 0, self.hidden_size, dtype=dtype, device=device),
+            history=[zero.clone() for _ in range(batch_size)],
+        )
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        """Append the features of the committed entries (``target_hidden [B, N, H]``, ``keep [B, C]``,
+        ``counts [B]``; without ``keep`` every entry counts)."""
+        batch = target_hidden.shape[0]
+        if keep is None or counts is None:
+            keep = torch.arange(target_hidden.shape[1], device=target_hidden.device).expand(batch, -1)
+            counts = torch.full((batch,), target_hidden.shape[1], dtype=torch.long)
+        count_list = counts.tolist()
+        gathered = torch.gather(
+            target_hidden, 1, keep.clamp(min=0).unsqueeze(-1).expand(-1, -1, target_hidden.shape[-1])
+        ).to(state.block_features.dtype)
+        prefill = state.cache.passes == 0
+        for b in range(batch):
+            rows = torch.cat([state.history[b], gathered[b, : count_list[b]]], dim=0)
+            # the prefill chain reads its whole history once; afterwards only the newest rows matter
+            state.history[b] = rows if prefill else rows[-self.history :]
+        if prefill:
+            state.prefill_observed = True
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        batch, num_query = tokens.shape
+        feats = torch.zeros(batch, num_query, self.hidden_size, dtype=state.block_features.dtype,
+                            device=tokens.device)
+        if state.cache.num_block == 0 and state.prefill_observed and state.cache.passes == 0:
+            # prefill chain (left-aligned): entry i reads the feature of entry i-1 (zero for i = 0)
+            for b in range(batch):
+                hist = state.history[b]
+                n = min(num_query, hist.shape[0])
+                feats[b, :n] = hist[:n]
+        elif state.cache.num_block == 0:
+            # pending chain (right-aligned, ends with the root): the features of the committed entries
+            # right before the pending tokens are the newest history rows
+            for b in range(batch):
+                hist = state.history[b]
+                n = min(num_query, hist.shape[0])
+                feats[b, num_query - n :] = hist[hist.shape[0] - n :]
+        else:
+            # tree entries: the parent's predicted feature (-1 = padding below the context: zeros)
+            index = parents.clamp(min=0).unsqueeze(-1).expand(-1, -1, self.hidden_size)
+            parent_feats = torch.gather(state.block_features, 1, index)
+            feats = torch.where((parents >= 0).unsqueeze(-1), parent_feats, feats)
+        self.head.staged_features = feats
+        try:
+            out = state.cache.forward(tokens, parents)
+        finally:
+            self.head.staged_features = None
+        state.block_features = torch.cat([state.block_features, out.features], dim=1)
+        logits: torch.Tensor = out.logits
+        return logits
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        state.cache.commit(keep, counts, prefix_of_block)
+        state.block_features = state.block_features[:, :0]
+        state.prefill_observed = False
+        state.history = [rows[-self.history :] for rows in state.history]
+
+    def num_block(self, state: Any) -> int:
+        return int(state.cache.num_block)
+
+    def passes(self, state: Any) -> int:
+        return int(state.cache.passes)
+
+
+def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafter:
+    """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafters.ModelDrafter`), ``eagle`` or
+    ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head."""
+    from spec_fast.drafters import ModelDrafter
+
+    if name == "heads":
+        name = "eagle"
+    if name == "distilled":
+        return ModelDrafter(load_distilled(target, directory))
+    if name in ("eagle", "rnn"):
+        return HeadDrafter(load_head(target, name, directory))
+    raise ValueError(f"draft name must be one of {DRAFT_NAMES + ('heads',)}, got name={name!r}")
