@@ -140,10 +140,10 @@ def distilled_state(draft: Any) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- heads
 def head_config(target_config: Any, kind: str) -> Any:
     """Config of a feature head: one layer; ``eagle`` keeps the target's layer size, ``rnn`` uses an
-    MLP of intermediate size 768."""
+    MLP of half the target's intermediate size (768 for SmolLM2)."""
     if kind not in ("eagle", "rnn"):
         raise ValueError(f"head kind must be 'eagle' or 'rnn', got kind={kind!r}")
-    config = _layer_config(target_config, 1, None if kind == "eagle" else 768)
+    config = _layer_config(target_config, 1, None if kind == "eagle" else int(target_config.intermediate_size) // 2)
     config.vocab_size = 1
     return config
 

@@ -345,6 +345,7 @@ def _schedule(step: int, steps: int, lr: float, warmup: int = 20) -> float:
 
 def _batches(n: int, batch_size: int, steps: int, seed: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
+    batch_size = min(batch_size, n)
     out: list[torch.Tensor] = []
     while len(out) < steps:
         perm = torch.randperm(n, generator=generator)
