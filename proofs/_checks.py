@@ -25,6 +25,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from tests.tables import Table as Table
+from tests.tables import model, random_table
 from spec_ref import exact_law
 from spec_ref.solvers import Solver, SolverPlan
 
@@ -362,27 +364,9 @@ Runner = Callable[[Any], Any]
 # ==========================================================================================================
 # Tree-level helpers (T03-T07): context-dependent tables, drafted trees, extended-block laws
 # ==========================================================================================================
-Table = dict[tuple[int, ...], list[Fraction]]
-
-
-def table(seed: int, depth: int, vocab: int, zeros: bool = True) -> Table:
-    """A deterministic context-dependent table prefix -> pmf [vocab] for every prefix of length <= depth."""
-    import random
-
-    rnd = random.Random(seed)
-    weights = (0, 1, 1, 2, 3, 5) if zeros else (1, 2, 3, 5)
-    out: Table = {}
-    for d in range(depth + 1):
-        for prefix in itertools.product(range(vocab), repeat=d):
-            w = [rnd.choice(weights) for _ in range(vocab)]
-            if not any(w):
-                w[rnd.randrange(vocab)] = 1
-            out[prefix] = [F(x, sum(w)) for x in w]
-    return out
-
-
-def as_model(tab: Table) -> Callable[[tuple[int, ...]], list[Fraction]]:
-    return lambda prefix: tab[prefix]
+# The context-dependent tables are the tests' own (tests/tables.py): one builder for tests and runner.
+table = random_table
+as_model = model
 
 
 def sample_iid_tree(rng: Any, draft: Table, K: int, L: int) -> Any:

@@ -55,7 +55,7 @@ import numpy as np
 from spec_ref._validate import Vector, probability_vector
 from spec_ref.drafting import ScoredDraftTree, _assemble
 from spec_ref.tensorize import TensorizedTree, tensorize_structure
-from spec_ref.tree import DraftTree, Model
+from spec_ref.tree import DraftTree, Model, path_tokens
 
 __all__ = [
     "MergedTree",
@@ -102,11 +102,7 @@ class MergedTree:
         return tuple(i for i in range(1, self.num_nodes) if self.parents[i] == node)
 
     def path_tokens(self, node: int) -> tuple[int, ...]:
-        out: list[int] = []
-        while node > 0:
-            out.append(self.tokens[node])
-            node = self.parents[node]
-        return tuple(reversed(out))
+        return path_tokens(self.tokens, self.parents, node)
 
     def union_tree(self) -> DraftTree:
         """The token-merged union as one :class:`DraftTree` (one node per context).

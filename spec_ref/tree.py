@@ -38,6 +38,15 @@ PROCESSES = ("iid", "deterministic", "without_replacement")
 Model = Callable[[tuple[int, ...]], Any]
 
 
+def path_tokens(tokens: Sequence[int], parents: Sequence[int], node: int) -> tuple[int, ...]:
+    """The tokens from the root (node 0, excluded) down to ``node`` of a flattened tree."""
+    out: list[int] = []
+    while node > 0:
+        out.append(tokens[node])
+        node = parents[node]
+    return tuple(reversed(out))
+
+
 @dataclass(frozen=True, eq=False)
 class DraftTree:
     """A draft tree in ancestors-first order (module docstring). Validated on construction.
@@ -122,11 +131,7 @@ class DraftTree:
 
     def path_tokens(self, node: int) -> tuple[int, ...]:
         """The drafted tokens from the root down to ``node`` (the node's prefix after the root)."""
-        out: list[int] = []
-        while node > 0:
-            out.append(self.tokens[node])
-            node = self.parents[node]
-        return tuple(reversed(out))
+        return path_tokens(self.tokens, self.parents, node)
 
     def path_nodes(self, node: int) -> tuple[int, ...]:
         """Node indices from the root (0) down to ``node``, inclusive."""

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from spec_ref import SOLVERS, KhistiSolver, SpecInferSolver, exact_law
 from spec_ref.solvers import Solver, SolverPlan
+from tests.ref.mutants import NaiveResampleFromTarget, SpecInferNoResidualUpdate
 from tests.strategies import exact_pair
 
 F = Fraction
@@ -124,25 +125,6 @@ class SpecTrLowerBracket(type(SOLVERS["spectr"])):  # type: ignore[misc]
         mass = np.maximum(target - gamma * capped, 0)
         extras = dict(plan.extras, rho=lo, residual=mass / mass.sum())
         return SolverPlan(self.name, target, draft, k, extras)
-
-
-class NaiveResampleFromTarget(type(SOLVERS["naive"])):  # type: ignore[misc]
-    """On rejection resample from p instead of Res(p, q) (TESTING.md section 7, first row)."""
-
-    def _sample(self, plan: SolverPlan, tokens: tuple[int, ...], rng: Any) -> int:
-        first = tokens[0]
-        if rng.uniform() * plan.draft_probs[first] < plan.target_probs[first]:
-            return first
-        return rng.categorical(plan.target_probs)
-
-
-class SpecInferNoResidualUpdate(SpecInferSolver):
-    """SpecInfer that keeps testing later draws against p instead of the residual chain."""
-
-    def _plan(self, target: Any, draft: Any, k: int) -> SolverPlan:
-        plan = super()._plan(target, draft, k)
-        chain = tuple([target] * k + [plan.extras["chain"][-1]])
-        return SolverPlan(self.name, target, draft, k, {"chain": chain})
 
 
 CONTROL_TARGET = [F(1, 2), F(1, 4), F(1, 4), F(0)]

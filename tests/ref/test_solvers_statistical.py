@@ -26,6 +26,7 @@ import pytest
 from spec_ref import SOLVERS, GeneratorSource, decoding_operator, exact_law
 from spec_ref._sampling import residual
 from spec_ref.solvers import Solver, SolverPlan
+from tests.ref.mutants import NaiveResampleFromTarget, SpecInferNoResidualUpdate
 from tests.stats import ALPHA, chi2_gof, config_seed, noncentrality, required_noncentrality
 
 pytestmark = pytest.mark.statistical
@@ -39,14 +40,6 @@ class NSSReturnsFirstDraft(type(SOLVERS["nss"])):  # type: ignore[misc]
         return tokens[0]
 
 
-class NaiveResampleFromTarget(type(SOLVERS["naive"])):  # type: ignore[misc]
-    def _sample(self, plan: SolverPlan, tokens: tuple[int, ...], rng: Any) -> int:
-        first = tokens[0]
-        if rng.uniform() * plan.draft_probs[first] < plan.target_probs[first]:
-            return first
-        return rng.categorical(plan.target_probs)
-
-
 class SpecTrWithoutDivisionFactor(type(SOLVERS["spectr"])):  # type: ignore[misc]
     """rho = 1 ("forgot the division factor"): TV 0.05-0.25 (TESTING.md section 7)."""
 
@@ -58,12 +51,6 @@ class SpecTrWithoutDivisionFactor(type(SOLVERS["spectr"])):  # type: ignore[misc
         mass = np.maximum(target - gamma * capped, 0)
         law = mass / mass.sum() if mass.sum() > 0 else target
         return SolverPlan(self.name, target, draft, k, {"rho": 1.0, "beta": beta, "accept_all": accept_all, "residual": law})
-
-
-class SpecInferNoResidualUpdate(type(SOLVERS["specinfer"])):  # type: ignore[misc]
-    def _plan(self, target: Any, draft: Any, k: int) -> SolverPlan:
-        plan = super()._plan(target, draft, k)
-        return SolverPlan(self.name, target, draft, k, {"chain": tuple([target] * k + [plan.extras["chain"][-1]])})
 
 
 class KhistiTestsAgainstDraftLaw(type(SOLVERS["khisti"])):  # type: ignore[misc]

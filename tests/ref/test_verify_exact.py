@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from spec_ref import DraftTree, ExactLaw, NodeReplaySource, exact_law, draft_delayed_tree, verify
 from spec_ref.rng import RandomSource
+from tests.tables import Table, model, random_table
 
 F = Fraction
 V = 3
-Table = dict[tuple[int, ...], list[Fraction]]
 SAMPLING_METHODS = ("naive_tree", "nss", "spectr", "specinfer", "khisti", "naive", "bv", "tree_mc", "traversal")
 #: (method, options) pairs: every sampling verifier plus the option variants that change the algorithm.
 VARIANTS: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in SAMPLING_METHODS] + [
@@ -37,24 +37,6 @@ VARIANT_IDS = [m + "".join(f"-{v}" for v in o.values()) for m, o in VARIANTS]
 
 
 # ----- helpers shared by the tree tests (imported by test_efficiency_exact and test_verify_statistical) ----
-def random_table(seed: int, depth: int, vocab: int = V, zeros: bool = True) -> Table:
-    """A context-dependent table prefix -> pmf [vocab] (Fractions) for every prefix of length <= depth."""
-    rnd = random.Random(seed)
-    weights = (0, 1, 1, 2, 3, 5) if zeros else (1, 2, 3, 5)
-    table: Table = {}
-    for d in range(depth + 1):
-        for prefix in itertools.product(range(vocab), repeat=d):
-            w = [rnd.choice(weights) for _ in range(vocab)]
-            if not any(w):
-                w[rnd.randrange(vocab)] = 1
-            table[prefix] = [F(x, sum(w)) for x in w]
-    return table
-
-
-def model(table: Table) -> Callable[[tuple[int, ...]], list[Fraction]]:
-    return lambda prefix: table[prefix]
-
-
 def sample_paths(rng: RandomSource, draft: Table, K: int, L: int) -> list[tuple[int, ...]]:
     paths = []
     for _ in range(K):
