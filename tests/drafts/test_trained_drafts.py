@@ -1,0 +1,83 @@
+"""The committed drafts: held-out prompts are disjoint from training, weights load by name within the size
+budget, and greedy decoding with each trained draft reproduces SmolLM2's greedy output byte for byte."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from spec_fast.heads import DRAFT_NAMES, WEIGHTS_DIR, HeadDrafter, load_drafter, weights_path
+from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def test_held_out_prompts_are_disjoint_from_training_prompts() -> None:
+    assert len(TRAIN_PROMPTS) >= 100 and len(HELDOUT_PROMPTS) >= 20
+    train = {_normal(p) for p in TRAIN_PROMPTS}
+    held = {_normal(p) for p in HELDOUT_PROMPTS}
+    assert len(train) == len(TRAIN_PROMPTS) and len(held) == len(HELDOUT_PROMPTS)
+    assert not train & held
+
+
+def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> None:
+    from safetensors import safe_open
+
+    total = 0
+    for name in DRAFT_NAMES:
+        path = weights_path(name)
+        total += os.path.getsize(path)
+        with safe_open(path, framework="pt") as handle:
+            assert "vocab_ids" in handle.keys()
+            assert (handle.metadata() or {}).get("command", "").startswith("python scripts/train_drafts.py")
+    assert total <= 20_000_000
+    assert os.path.dirname(weights_path("eagle")) == WEIGHTS_DIR
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["distilled", "heads", "eagle", "rnn"])
+def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target: Any, name: str) -> None:
+    target, _ = smollm2_target
+    drafter = load_drafter(name, target)
+    assert drafter.vocab_size == target.config.vocab_size
+    assert isinstance(drafter, HeadDrafter) == (name != "distilled")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name,strategy", [("distilled", "chain:4"), ("eagle", "topk:4,2,8"),
+                                           ("rnn", "dynatree"), ("eagle", "delayed:2,1,3")])
+def test_greedy_output_with_a_trained_draft_is_byte_identical_to_smollm2_greedy(
+    smollm2_target: Any, name: str, strategy: str
+) -> None:
+    from spec_fast.engine import SpeculativeDecoder
+    from spec_fast.models import chat_prompt_ids
+    from spec_fast.strategies import parse_strategy
+
+    target, tokenizer = smollm2_target
+    prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT_PROMPTS[:2]]
+    new = 24
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = target.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                                  eos_token_id=None, pad_token_id=tokenizer.eos_token_id)
+        expected.append(out[0, len(prompt):].tolist())
+    decoder = SpeculativeDecoder(target, load_drafter(name, target), parse_strategy(strategy))
+    result = decoder.generate(prompts, max_new_tokens=new)
+    assert result.tokens == expected
+    assert [tokenizer.decode(t).encode() for t in result.tokens] == [tokenizer.decode(t).encode() for t in expected]
+
+
+@pytest.mark.model
+def test_cli_generates_with_the_heads_draft(smollm2_target: Any, capsys: Any) -> None:
+    from spec_fast.cli import main
+
+    code = main(["generate", HELDOUT_PROMPTS[0], "--draft", "heads", "--strategy", "chain:3",
+                 "--max-new-tokens", "6", "--no-stream", "--json"])
+    assert code == 0
+    assert '"generated_tokens": 6' in capsys.readouterr().out
