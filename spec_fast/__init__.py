@@ -30,3 +30,7 @@ __all__ += [
     "SpeculativeDecoder", "greedy_verify", "TreeKVCache", "GenerationMetrics", "chat_prompt_ids", "load_model",
     "Strategy", "parse_strategy",
 ]
+# issue 7: trained drafts (distilled model, eagle and rnn feature heads)
+from spec_fast.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
+
+__all__ += ["DRAFT_NAMES", "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head"]
