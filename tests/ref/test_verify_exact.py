@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from spec_ref import DraftTree, ExactLaw, NodeReplaySource, exact_law, draft_delayed_tree, verify
 from spec_ref.rng import RandomSource
+from proofs._checks import traversal_oracle  # the runner's independent Traversal, with the 6.4 mutants
 from tests.tables import Table, model, random_table
 
 F = Fraction
@@ -321,70 +322,12 @@ def test_traversal_that_visits_siblings_in_token_id_order_is_lossy() -> None:
     assert total_variation(law, autoregressive_law(target, 3)) > F(1, 1000)
 
 
-def traversal_with_update(tree: DraftTree, target: Table, rule: str, rng: RandomSource) -> tuple[int, ...]:
-    """A test-local Traversal WOR (ALGORITHMS.md 6.2) whose parent-weight update is ``rule``.
-
-    ``rule``: "current" (the specified w <- Z/(Z + 1 - w)), "initial" (w <- Z/(Z + 1 - w_initial)) or
-    "draft_mass" (w <- min(1, Z/(1 - Q(x)))). The last two are the lossy updates of section 6.4.
-    """
-    n = tree.num_nodes
-    p = [np.array(target[tree.path_tokens(u)], dtype=object) for u in range(n)]
-    q = [None if d is None else np.array(list(d), dtype=object) for d in tree.draft_probs]
-    w: list[Fraction] = [F(1)] * n
-    rounds = [list(dict.fromkeys(tree.children[u][t] for t in tree.draws[u])) for u in range(n)]
-
-    def child_weight(u: int, c: int) -> Fraction:
-        qu = q[u]
-        assert qu is not None
-        x = tree.tokens[c]
-        return F(0) if qu[x] == 0 else min(F(1), w[u] * p[u][x] / qu[x])
-
-    def refresh(u: int) -> None:
-        for c in rounds[u]:
-            w[c] = child_weight(u, c)
-            refresh(c)
-
-    for u in range(1, n):
-        w[u] = child_weight(tree.parents[u], u)
-    initial = list(w)
-    while True:
-        u = 0
-        while rounds[u]:
-            u = rounds[u][0]
-        if u == 0:
-            return tree.path_tokens(0) + (rng.categorical(p[0]),)
-        if rng.uniform() < w[u]:
-            return tree.path_tokens(u) + (rng.categorical(p[u]),)
-        v, x = tree.parents[u], tree.tokens[u]
-        rounds[v].pop(0)
-        qv = q[v]
-        assert qv is not None
-        mass = np.maximum(w[v] * p[v] - qv, 0)
-        z = mass.sum()
-        if rule == "current":
-            d = z + 1 - w[v]
-            w[v] = z / d if d > 0 else F(1)
-        elif rule == "initial":
-            d = z + 1 - initial[v]
-            w[v] = min(F(1), z / d) if d > 0 else F(1)
-        else:
-            w[v] = min(F(1), z / (1 - qv[x])) if qv[x] < 1 else F(1)
-        if z > 0:
-            p[v] = mass / z
-        qv = qv.copy()
-        qv[x] = F(0)
-        if qv.sum() > 0:
-            qv = qv / qv.sum()
-        q[v] = qv
-        refresh(v)
-
-
 def traversal_mutant_law(rule: str, K: int, L: int, seed: int) -> tuple[ExactLaw, ExactLaw]:
     target, draft = random_table(seed, L + 1, zeros=False), random_table(seed + 1, L, zeros=False)
     build = iid_tree(K, L)
 
     def step(rng: RandomSource) -> tuple[int, ...]:
-        return extend(rng, target, traversal_with_update(build(rng, draft), target, rule, rng), L + 1)
+        return extend(rng, target, traversal_oracle(build(rng, draft), target, rng, rule=rule), L + 1)
 
     return {k: v for k, v in exact_law(step).items() if v}, autoregressive_law(target, L + 1)
 
