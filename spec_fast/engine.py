@@ -151,6 +151,8 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         #: when True, ``generate`` appends every drafted :class:`FlatTree` to ``recorded_trees`` (tests)
         self.record_trees = False
+        #: ``+adaptive`` controllers by ``sampling.greedy``, kept across ``generate`` calls
+        self._controllers: dict[bool, _AdaptiveController] = {}
         self.recorded_trees: list[FlatTree] = []
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
@@ -222,22 +224,30 @@ class SpeculativeDecoder:
         wants_hidden = self.strategy.drafts and bool(getattr(self.drafter, "wants_target_hidden", False))
         target_state = TreeKVCache(self.target, batch, device)
         prefill_out = self._prefill(target_state, prompt_lists, wants_hidden)
+        # +adaptive: one controller per decoder and sampling kind, kept across generate calls (what it
+        # measured on earlier prompts decides the first steps of this one)
+        controller = self._controllers.setdefault(sampling.greedy, _AdaptiveController()) if self.strategy.adaptive else None
+        # a controller that currently prefers plain steps skips the draft prefill: the prompt waits in
+        # `pending` and is fed to the drafter by the first speculative step (trained heads, which read the
+        # target's prefill states, always prefill)
+        lazy_draft = controller is not None and not wants_hidden and not controller.peek()
         draft_state = None
+        self._prefilled_draft = False
         if self.strategy.drafts:
             assert self.drafter is not None
             draft_state = self.drafter.begin(batch, device)
             if prefill_out is not None:
                 self.drafter.observe_target(draft_state, *prefill_out)
-            self._prefill_drafter(draft_state, prompt_lists)
+            if not lazy_draft:
+                self._prefill_drafter(draft_state, prompt_lists)
         roots = [p[-1] for p in prompt_lists]
-        pending: list[list[int]] = [[p[-1]] for p in prompt_lists]
+        pending: list[list[int]] = [list(p) if lazy_draft else [p[-1]] for p in prompt_lists]
         outputs: list[list[int]] = [[] for _ in range(batch)]
         committed = [list(p) for p in prompt_lists]  # prompt + every committed token (untruncated)
         active = [True] * batch
         first_token_time: float | None = None
         self._dyna_history = [DynaTreeHistory() for _ in range(batch)]
 
-        controller = _AdaptiveController() if self.strategy.adaptive else None
         while any(active):
             remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
             depth_cap = min(self.strategy.depth, remaining - 1)
@@ -387,7 +397,7 @@ class SpeculativeDecoder:
         tokens, parents, lengths, width = self._chain_block(prompts)
         self._prefilled_target = width > 0
         if width > 0:
-            out = state.forward(tokens, parents, output_hidden_states=hidden)
+            out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=1)
             keep = torch.arange(width, device=self.device).expand(len(prompts), width)
             state.commit(keep, lengths)
             if hidden:
@@ -695,35 +705,49 @@ class _AdaptiveController:
     """Chooses speculative or plain steps by measured throughput (``Strategy.adaptive``).
 
     Keeps exponential moving averages of tokens per step and seconds per step for both kinds of step
-    (the wall time of the whole step, drafting included). Starts with one speculative and one plain step,
-    then runs whichever kind has the higher tokens/s, re-probing the other kind after ``probe_every``
-    steps, with the interval doubling after every probe (so a losing kind costs O(log n) probes). Both kinds are exact, so this changes speed only, never the output law.
+    (the wall time of the whole step, drafting and the drafter's catch-up on tokens of plain steps
+    included). Starts with one speculative and one plain step, then runs whichever kind has the higher
+    tokens/s, probing the other kind after ``probe_every`` steps; the interval doubles after every probe
+    that confirms the choice, up to ``max_interval`` (so a losing kind costs O(log n) probes but a change
+    of regime is still noticed), and falls back to ``probe_every`` when a probe flips the choice. A
+    decoder keeps its controllers across ``generate`` calls. Both kinds of step are exact, so this changes
+    speed only, never the output law.
     """
 
-    def __init__(self, probe_every: int = 8, decay: float = 0.7) -> None:
+    def __init__(self, probe_every: int = 8, decay: float = 0.7, max_interval: int = 128) -> None:
+        self.initial_interval = probe_every
         self.probe_every = probe_every
+        self.max_interval = max_interval
         self.decay = decay
         self.tokens: dict[bool, float] = {}
         self.seconds: dict[bool, float] = {}
         self.steps = 0
         self.since_probe = 0
+        self.probing = False
+        self.best = True
 
     def rate(self, spec: bool) -> float:
         return self.tokens[spec] / max(self.seconds[spec], 1e-9)
 
-    def speculate(self) -> bool:
+    def peek(self) -> bool:
+        """The kind of the next step, without counting it."""
         if True not in self.tokens:
             return True
         if False not in self.tokens:
             return False
         best = self.rate(True) >= self.rate(False)
+        return (not best) if self.since_probe >= self.probe_every else best
+
+    def speculate(self) -> bool:
+        if True not in self.tokens or False not in self.tokens:
+            return self.peek()
+        self.best = self.rate(True) >= self.rate(False)
         if self.since_probe >= self.probe_every:
-            # probe the losing kind; each probe that confirms the choice doubles the interval
             self.since_probe = 0
-            self.probe_every *= 2
-            return not best
+            self.probing = True
+            return not self.best
         self.since_probe += 1
-        return best
+        return self.best
 
     def observe(self, spec: bool, tokens: float, seconds: float) -> None:
         self.steps += 1
@@ -733,6 +757,10 @@ class _AdaptiveController:
             d = self.decay
             self.tokens[spec] = d * self.tokens[spec] + (1 - d) * tokens
             self.seconds[spec] = d * self.seconds[spec] + (1 - d) * seconds
+        if self.probing and True in self.tokens and False in self.tokens:
+            self.probing = False
+            confirmed = (self.rate(True) >= self.rate(False)) == self.best
+            self.probe_every = min(2 * self.probe_every, self.max_interval) if confirmed else self.initial_interval
 
 
 def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:

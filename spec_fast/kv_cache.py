@@ -49,7 +49,8 @@ class TreeKVCache:
         return int(self.block_depths.shape[1])
 
     def forward(
-        self, tokens: torch.Tensor, parents: torch.Tensor, output_hidden_states: bool = False
+        self, tokens: torch.Tensor, parents: torch.Tensor, output_hidden_states: bool = False,
+        logits_to_keep: int = 0,
     ) -> Any:
         """Run the model on ``Q`` new block entries per row and append their KV entries.
 
@@ -58,9 +59,11 @@ class TreeKVCache:
             parents: ``[B, Q]`` long block index of each entry's parent (``-1``: directly below the
                 context; padding entries use ``-1`` too and are never attended by real entries).
             output_hidden_states: forwarded to the model.
+            logits_to_keep: ``k > 0`` asks the model for the logits of the last ``k`` entries only (HF's
+                ``logits_to_keep``; a prefill needs none of them, so it saves the LM head on the prompt).
 
         Returns:
-            the HF model output; ``.logits`` is ``[B, Q, V]``.
+            the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``).
         """
         num_query = int(tokens.shape[1])
         self.ancestors = extend_ancestors(self.ancestors, parents)
@@ -70,6 +73,7 @@ class TreeKVCache:
         positions = self.lengths.unsqueeze(1) + depths
         mask = tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query)
         dtype = next(self.model.parameters()).dtype
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}
         out = self.model(
             input_ids=tokens.clamp(min=0),
             position_ids=positions,
@@ -77,6 +81,7 @@ class TreeKVCache:
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=output_hidden_states,
+            **extra,
         )
         self.passes += 1
         return out
