@@ -258,6 +258,9 @@ class SpeculativeDecoder:
             draft_probs: torch.Tensor | None
             if self.strategy.shape == "dynatree" and depth_cap >= 1:
                 tree, draft_probs, entries, tokens_in = self._draft_dynatree(draft_state, pending, roots, depth_cap, active)
+            elif self.strategy.shape == "chain" and depth_cap >= 1:
+                tree, draft_probs, entries, tokens_in = self._draft_chain(
+                    draft_state, pending, roots, depth_cap, sampling, generator)
             elif self.strategy.drafts and depth_cap >= 1:
                 tree, draft_probs, entries, tokens_in = self._draft(draft_state, pending, roots, depth_cap, sampling, generator)
             else:
@@ -449,15 +452,8 @@ class SpeculativeDecoder:
         st = self.strategy
         dev = self.device
         batch = len(pending)
-        width = max(len(p) for p in pending)
-        self._pending_width = width
-        ptoks = torch.zeros(batch, width, dtype=torch.long)
-        ppar = torch.full((batch, width), -1, dtype=torch.long)
-        for b, p in enumerate(pending):  # left-padded chain ending with the root token at index width-1
-            off = width - len(p)
-            ptoks[b, off:] = torch.tensor(p, dtype=torch.long)
-            ppar[b, off + 1 :] = torch.arange(off, width - 1)
-        logits = self.drafter.forward(state, ptoks.to(dev), ppar.to(dev))[:, -1:]  # [B, 1, V] at the root
+        logits = self._pending_forward(state, pending)  # [B, 1, V] at the root
+        width = self._pending_width
         trees = [_RowTree(width - 1) for _ in range(batch)]
         frontier: list[list[int]] = [[0] for _ in range(batch)]
         q_of: list[dict[int, torch.Tensor]] = [{} for _ in range(batch)]
@@ -491,10 +487,7 @@ class SpeculativeDecoder:
             else:
                 draws_needed = 1 if depth < st.trunk else k_paths
                 flat_q = q.reshape(batch * fmax, -1)
-                if sampling.greedy and st.shape == "chain":  # one-hot q: the draw is its argmax
-                    samples = flat_q.argmax(dim=-1, keepdim=True)
-                else:
-                    samples = torch.multinomial(flat_q, draws_needed, replacement=True, generator=generator)
+                samples = torch.multinomial(flat_q, draws_needed, replacement=True, generator=generator)
                 drawn: list[list[list[int]]] = samples.reshape(batch, fmax, draws_needed).tolist()
                 for b in range(batch):
                     tr = trees[b]
@@ -529,6 +522,60 @@ class SpeculativeDecoder:
             logits = self.drafter.forward(state, ftoks.to(dev), fpar.to(dev))
             # padding entries hang below the context and are never kept
         return self._flatten(trees, q_of, roots)
+
+    def _draft_chain(
+        self,
+        state: Any,
+        pending: list[list[int]],
+        roots: list[int],
+        depth_cap: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[FlatTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A single path of ``depth_cap`` draft tokens, drafted without reading anything back to the host.
+
+        Same draws as :meth:`_draft` on a chain (argmax at T = 0, else one ``multinomial`` draw per row
+        and level from the same generator); the tree's shape is known in advance, so the
+        :class:`FlatTree` is assembled from device tensors.
+        """
+        assert self.drafter is not None
+        dev = self.device
+        batch = len(pending)
+        logits = self._pending_forward(state, pending)  # [B, 1, V] at the root
+        root_entry = self._pending_width - 1
+        tokens: list[torch.Tensor] = []  # [B] per depth
+        qs: list[torch.Tensor] = []  # [B, V] per depth
+        entries = [root_entry]
+        for depth in range(depth_cap):
+            q = self._draft_q(logits, sampling)[:, 0]
+            if sampling.greedy:  # one-hot q: the draw is its argmax
+                token = q.argmax(dim=-1)
+            else:
+                token = torch.multinomial(q, 1, replacement=True, generator=generator).squeeze(1)
+            tokens.append(token)
+            qs.append(q)
+            if depth + 1 >= depth_cap:
+                break
+            base = self.drafter.num_block(state)
+            parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=dev)
+            logits = self.drafter.forward(state, token.unsqueeze(1), parent)
+            entries.append(base)
+        drafted = torch.stack(tokens, dim=1)  # [B, D]
+        depth = drafted.shape[1]
+        pad = torch.full((batch, 1), -1, dtype=torch.long, device=dev)
+        steps = torch.arange(depth + 1, device=dev).unsqueeze(0).expand(batch, depth + 1)
+        tree = FlatTree(
+            tokens=torch.cat([pad, drafted], dim=1),
+            parents=steps - 1,
+            depths=steps.clone(),
+            draws=torch.cat([drafted, pad], dim=1).unsqueeze(-1),
+            valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=dev),
+            process=self.strategy.process,
+        )
+        draft_probs = torch.cat([torch.stack(qs, dim=1), torch.zeros_like(qs[0]).unsqueeze(1)], dim=1)
+        entry_row = torch.tensor(entries + [-1], dtype=torch.long, device=dev)
+        tokens_in = torch.cat([torch.tensor(roots, dtype=torch.long, device=dev).unsqueeze(1), drafted], dim=1)
+        return tree, draft_probs.float(), entry_row.unsqueeze(0).expand(batch, depth + 1), tokens_in
 
     def _pending_forward(self, state: Any, pending: list[list[int]]) -> torch.Tensor:
         """Feed each row's pending tokens (left-padded chain ending at the root token) -> root logits [B, 1, V]."""
