@@ -754,14 +754,17 @@ class _AdaptiveController:
     Keeps exponential moving averages of tokens per step and seconds per step for both kinds of step
     (the wall time of the whole step, drafting and the drafter's catch-up on tokens of plain steps
     included). Starts with one speculative and one plain step, then runs whichever kind has the higher
-    tokens/s, probing the other kind after ``probe_every`` steps; the interval doubles after every probe
-    that confirms the choice, up to ``max_interval`` (so a losing kind costs O(log n) probes but a change
-    of regime is still noticed), and falls back to ``probe_every`` when a probe flips the choice. A
-    decoder keeps its controllers across ``generate`` calls. Both kinds of step are exact, so this changes
-    speed only, never the output law.
+    tokens/s, probing the other kind after ``probe_every`` steps; every probe that confirms the choice
+    multiplies the interval by 2, or by 4 when the loser reached less than ``clear_margin`` of the winner's
+    rate, up to ``max_interval`` (so a losing kind costs O(log n) probes but a change of regime is still
+    noticed); a probe that flips the choice resets the interval to ``probe_every``. A decoder keeps its
+    controllers across ``generate`` calls. Both kinds of step are exact, so this changes speed only, never
+    the output law.
     """
 
-    def __init__(self, probe_every: int = 8, decay: float = 0.7, max_interval: int = 128) -> None:
+    def __init__(self, probe_every: int = 8, decay: float = 0.7, max_interval: int = 1024,
+                 clear_margin: float = 0.75) -> None:
+        self.clear_margin = clear_margin
         self.initial_interval = probe_every
         self.probe_every = probe_every
         self.max_interval = max_interval
@@ -807,7 +810,9 @@ class _AdaptiveController:
         if self.probing and True in self.tokens and False in self.tokens:
             self.probing = False
             confirmed = (self.rate(True) >= self.rate(False)) == self.best
-            self.probe_every = min(2 * self.probe_every, self.max_interval) if confirmed else self.initial_interval
+            loser, winner = sorted((self.rate(True), self.rate(False)))
+            factor = 4 if loser < self.clear_margin * winner else 2
+            self.probe_every = min(factor * self.probe_every, self.max_interval) if confirmed else self.initial_interval
 
 
 def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:
