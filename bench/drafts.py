@@ -60,6 +60,21 @@ def _depth_acceptance(histogram: list[int], depth: int) -> list[float]:
     return [reached[d] / reached[d - 1] if reached[d - 1] else float("nan") for d in range(1, depth + 1)]
 
 
+def _agreements(names: list[str]) -> str:
+    """``name: a1, a2`` for every draft whose weights carry ``heldout_agreement`` (scripts/train_drafts.py)."""
+    from safetensors import safe_open
+
+    from spec_fast.heads import weights_path
+
+    parts = []
+    for name in names:
+        with safe_open(weights_path(name), framework="pt") as handle:
+            value = (handle.metadata() or {}).get("heldout_agreement")
+        if value:
+            parts.append(f"{name}: " + ", ".join(f"{a:.3f}" for a in json.loads(value)))
+    return "; ".join(parts) or "n/a"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 prompts x 12 new tokens")
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(), "torch": torch.__version__,
         "command": "python bench/drafts.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "note": "shared 2-core machine: absolute tok/s are noisy; configurations interleaved prompt by prompt",
+        "teacher-forced held-out top-1 agreement (steps 1, 2; from the weights' metadata)": _agreements(list(drafts)),
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "drafts.json"), "w") as fh:

@@ -4,10 +4,13 @@ Reproduce the committed weights (spec_fast/weights/*.safetensors) with exactly:
 
     python scripts/train_drafts.py
 
-(defaults: 120 training prompts x (1 greedy + 2 sampled, T = 0.8) responses of <= 128 tokens, top-32 teacher,
-8192-token draft vocabulary, 250 steps x 8 sequences per draft, seed 0, 1 torch thread; about 30 minutes
-on the 2-core project machine). The held-out prompts (spec_fast.training.HELDOUT_PROMPTS) are never read.
-``--steps N`` and ``--prompts N`` shrink the run for smoke tests; ``--out DIR`` writes elsewhere.
+(defaults: the 120 hand-written training prompts plus 1400 synthetic ones (spec_fast.training.synthetic_prompts),
+one greedy response of <= 128 tokens each, top-32 teacher, 8192-token draft vocabulary, TrainConfig's steps x 8
+sequences per draft, seed 0, 1 torch thread; see the docstring of TrainConfig for the measured time).
+The held-out prompts (spec_fast.training.HELDOUT_PROMPTS) are never read.
+``--steps N``, ``--prompts N`` and ``--synthetic N`` shrink the run for smoke tests; ``--out DIR`` writes
+elsewhere; ``--data-cache FILE`` keeps the teacher data (generated once, reloaded by later runs with the same
+data flags) so that the training half can be rerun alone.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ from tqdm import tqdm  # noqa: E402
 from spec_fast.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
 from spec_fast.models import load_model  # noqa: E402
 from spec_fast.training import (  # noqa: E402
+    HELDOUT_PROMPTS,
     TRAIN_PROMPTS,
+    TeacherData,
     TrainConfig,
     generate_responses,
+    heldout_agreement,
     save_weights,
+    synthetic_prompts,
     teacher_forcing,
     train_distilled,
     train_head,
@@ -43,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per draft (default 300 distilled, 300 heads)")
     parser.add_argument("--prompts", type=int, default=len(TRAIN_PROMPTS), help="use the first N training prompts")
     parser.add_argument("--max-new-tokens", type=int, default=TrainConfig.max_new_tokens)
+    parser.add_argument("--synthetic", type=int, default=TrainConfig.synthetic_prompts,
+                        help="synthetic training prompts added to the hand-written ones")
     parser.add_argument("--samples", type=int, default=TrainConfig.samples, help="sampled responses per prompt (besides greedy)")
+    parser.add_argument("--data-cache", default=None, help="file to keep / reload the teacher data")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on the shared 2-core machine 2 threads stall behind other jobs)")
@@ -55,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     base = TrainConfig()
     config = TrainConfig(
-        max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, synthetic_prompts=args.synthetic,
         lr_distilled=args.lr_distilled, lr_head=args.lr_head,
         steps_distilled=args.steps or base.steps_distilled, steps_head=args.steps or base.steps_head,
     )
@@ -64,12 +74,27 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = load_model()
     for p in target.parameters():
         p.requires_grad_(False)
-    prompts = list(TRAIN_PROMPTS[: args.prompts])
-    n_seq = len(prompts) * (1 + config.samples)
-    with tqdm(total=n_seq, desc="target responses", unit="seq") as bar:
-        pairs = generate_responses(target, tokenizer, prompts, config, lambda _, n: bar.update(n))
-    with tqdm(total=len(pairs), desc="teacher forcing", unit="seq") as bar:
-        data = teacher_forcing(target, pairs, config.top_k, progress=lambda _, n: bar.update(n))
+    prompts = list(TRAIN_PROMPTS[: args.prompts]) + synthetic_prompts(config.synthetic_prompts, config.seed)
+    data_key = json.dumps([prompts, config.max_new_tokens, config.samples, config.top_k, config.seed, args.threads])
+    cached = torch.load(args.data_cache) if args.data_cache and os.path.exists(args.data_cache) else None
+    if cached is not None and cached["key"] == data_key:
+        pairs, data = cached["pairs"], TeacherData(**cached["data"])
+        print(f"teacher data reloaded from {args.data_cache}", file=sys.stderr)
+    else:
+        n_seq = len(prompts) * (1 + config.samples)
+        with tqdm(total=n_seq, desc="target responses", unit="seq") as bar:
+            pairs = generate_responses(target, tokenizer, prompts, config, lambda _, n: bar.update(n))
+        with tqdm(total=len(pairs), desc="teacher forcing", unit="seq") as bar:
+            data = teacher_forcing(target, pairs, config.top_k, progress=lambda _, n: bar.update(n))
+        cached = {"key": data_key, "pairs": pairs, "data": data.__dict__}
+    if "heldout" not in cached:
+        # evaluation only: the target's greedy responses to the held-out prompts (never trained on)
+        greedy_only = TrainConfig(max_new_tokens=config.max_new_tokens, samples=0, seed=config.seed)
+        responses = generate_responses(target, tokenizer, HELDOUT_PROMPTS, greedy_only)
+        cached["heldout"] = teacher_forcing(target, responses, config.top_k).__dict__
+        if args.data_cache:
+            torch.save(cached, args.data_cache)
+    heldout = TeacherData(**cached["heldout"])
     specials = [t for t in (tokenizer.all_special_ids or []) if t is not None]
     vocab_ids = vocabulary_subset(data, config.vocab_subset, int(target.config.vocab_size), specials)
     tokens = int(data.lengths.sum())
@@ -80,14 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         "config": json.dumps(config.__dict__, sort_keys=True),
         "train_sequences": str(len(pairs)), "train_tokens": str(tokens), "threads": str(args.threads),
     }
+    report: dict[str, list[float]] = {}
     if "distilled" in drafts:
         with tqdm(total=config.steps_distilled, desc="distilled", unit="step") as bar:
             def tick(msg: str, n: int) -> None:
                 bar.set_postfix_str(msg)
                 bar.update(n)
             draft = train_distilled(target, data, vocab_ids, config, (0,), progress=tick)
+        agreement = heldout_agreement(draft, heldout)
+        report["distilled"] = agreement
         save_weights(os.path.join(args.out, "distilled.safetensors"), distilled_state(draft), vocab_ids,
-                     {**meta_common, "init_layers": "0"})
+                     {**meta_common, "init_layers": "0", "heldout_agreement": json.dumps(agreement)})
     for kind in ("eagle", "rnn"):
         if kind not in drafts:
             continue
@@ -96,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(msg)
                 bar.update(n)
             head = train_head(target, kind, data, vocab_ids, config, progress=tick2)
-        save_weights(os.path.join(args.out, f"{kind}.safetensors"), head.new_state(), vocab_ids, meta_common)
+        agreement = heldout_agreement(head, heldout)
+        report[kind] = agreement
+        save_weights(os.path.join(args.out, f"{kind}.safetensors"), head.new_state(), vocab_ids,
+                     {**meta_common, "heldout_agreement": json.dumps(agreement)})
+    for name, agreement in report.items():
+        print(f"{name}: held-out teacher-forced top-1 agreement " + ", ".join(f"{a:.3f}" for a in agreement),
+              file=sys.stderr)
     print(f"done in {time.perf_counter() - start:.0f}s -> {args.out}", file=sys.stderr)
     return 0
 

@@ -31,8 +31,8 @@ from torch import nn
 from spec_fast.heads import FeatureHead, SubsetHead, distilled_model, distilled_state
 
 __all__ = [
-    "TRAIN_PROMPTS", "HELDOUT_PROMPTS", "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
-    "vocabulary_subset", "train_distilled", "train_head", "save_weights",
+    "TRAIN_PROMPTS", "HELDOUT_PROMPTS", "synthetic_prompts", "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
+    "vocabulary_subset", "train_distilled", "train_head", "heldout_agreement", "save_weights",
 ]
 
 #: Prompts whose target responses are the training data (never used for evaluation).
@@ -188,6 +188,50 @@ HELDOUT_PROMPTS: tuple[str, ...] = (
 )
 
 
+#: Templates and subjects of :func:`synthetic_prompts` (the bulk of the training prompts: combinations,
+#: never a held-out prompt; see the disjointness test in tests/drafts).
+_TEMPLATES: tuple[str, ...] = (
+    "What is {s}?", "Explain {s} in simple terms.", "Give me three facts about {s}.",
+    "Write a short paragraph about {s}.", "Why is {s} important?", "Describe {s} to a ten-year-old.",
+    "What are the main ideas behind {s}?", "Write a short poem about {s}.", "List five things to know about {s}.",
+    "How would you teach someone about {s}?", "Summarize what you know about {s} in two sentences.",
+    "What is a common misconception about {s}?", "Write a haiku about {s}.", "Give an example related to {s}.",
+    "What questions do people often ask about {s}?", "Compare {s} with something similar.",
+    "Write a short story that involves {s}.", "What are the pros and cons of {s}?",
+    "How has {s} changed over time?", "Explain {s} step by step.", "Write a tweet about {s}.",
+    "What would happen without {s}?", "Give me a quiz question about {s} and its answer.",
+    "Write a short dialogue about {s}.",
+)
+_SUBJECTS: tuple[str, ...] = (
+    "the ocean", "volcanoes", "the moon", "rainforests", "electric cars", "the human brain", "honey bees",
+    "the printing press", "coffee", "chess", "the Roman Empire", "solar panels", "friendship", "penguins",
+    "the stock market", "vaccines", "the piano", "deserts", "gravity", "recycling", "the internet",
+    "ancient Egypt", "mountains", "sleep", "bread", "rivers", "dinosaurs", "the French Revolution",
+    "spiders", "teamwork", "basketball", "glaciers", "the immune system", "trains", "photography",
+    "the alphabet", "tea", "libraries", "whales", "wind energy", "the Renaissance", "robots", "maps",
+    "mathematics", "fractions", "Python programming", "sorting algorithms", "linked lists", "HTML",
+    "encryption", "spreadsheets", "the water cycle", "earthquakes", "the solar system", "comets",
+    "photosynthesis", "bacteria", "the heart", "bones", "music", "painting", "poetry", "gardening",
+    "cooking pasta", "saving money", "running", "yoga", "meditation", "time management", "kindness",
+    "honesty", "cities", "farming", "bridges", "airplanes", "the telephone", "birds", "cats", "dogs",
+    "horses", "forests", "snow", "thunderstorms", "rainbows", "the Olympic Games", "museums", "castles",
+    "pirates", "the Great Barrier Reef", "newspapers", "video games", "social media", "clean water",
+    "hospitals", "firefighters", "teachers", "the seasons", "clocks", "money", "languages",
+)
+
+
+def synthetic_prompts(count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct training prompts made from :data:`_TEMPLATES` x :data:`_SUBJECTS` in a seeded
+    order, minus any that equals a held-out prompt."""
+    held = {p.strip().lower() for p in HELDOUT_PROMPTS} | {p.strip().lower() for p in TRAIN_PROMPTS}
+    combos = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]
+    combos = [c for c in combos if c.strip().lower() not in held]
+    order = torch.randperm(len(combos), generator=torch.Generator().manual_seed(seed)).tolist()
+    if count > len(combos):
+        raise ValueError(f"count must be <= {len(combos)}, got count={count}")
+    return [combos[i] for i in order[:count]]
+
+
 @dataclass
 class TeacherData:
     """Teacher-forced target outputs on ``n`` sequences, right-padded to ``L``.
@@ -210,13 +254,14 @@ class TrainConfig:
     """Sizes and schedule. ``steps`` optimizer steps of ``batch_size`` sequences per draft."""
 
     max_new_tokens: int = 128
-    samples: int = 2
-    gen_batch_size: int = 24
+    synthetic_prompts: int = 1400
+    samples: int = 0
+    gen_batch_size: int = 64
     top_k: int = 32
     vocab_subset: int = 8192
     batch_size: int = 8
-    steps_distilled: int = 250
-    steps_head: int = 250
+    steps_distilled: int = 800
+    steps_head: int = 800
     lr_distilled: float = 2e-3
     lr_head: float = 3e-3
     feature_weight: float = 1.0
@@ -343,6 +388,24 @@ def _schedule(step: int, steps: int, lr: float, warmup: int = 20) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _optimizer_step(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], loss: torch.Tensor, progress: Progress | None,
+    label: str,
+) -> None:
+    """Backward, clip the gradient norm to 1, step; report the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    if progress is not None:
+        progress(f"{label} loss {loss.item():.3f}", 1)
+
+
 def _batches(n: int, batch_size: int, steps: int, seed: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     batch_size = min(batch_size, n)
@@ -385,18 +448,12 @@ def train_distilled(
     draft.train()
     for step, rows in enumerate(_batches(data.tokens.shape[0], config.batch_size, config.steps_distilled, config.seed)):
         width = int(data.lengths[rows].max())
-        for group in optimizer.param_groups:
-            group["lr"] = _schedule(step, config.steps_distilled, config.lr_distilled)
+        _set_lr(optimizer, _schedule(step, config.steps_distilled, config.lr_distilled))
         mask2d = (torch.arange(width).unsqueeze(0) < data.lengths[rows].unsqueeze(1)).long()
         hidden = draft.model(input_ids=data.tokens[rows, :width], attention_mask=mask2d, use_cache=False).last_hidden_state
         ids, probs, mask = _soft_targets(data, rows, width, index_map)
         loss = _soft_ce(head.subset_logits(hidden), ids, probs, mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        nn.utils.clip_grad_norm_(new_params, 1.0)
-        optimizer.step()
-        if progress is not None:
-            progress(f"distilled loss {loss.item():.3f}", 1)
+        _optimizer_step(optimizer, new_params, loss, progress, "distilled")
     draft.eval()
     for p in draft.parameters():
         p.requires_grad_(False)
@@ -420,8 +477,7 @@ def train_head(
     head.train()
     for step, rows in enumerate(_batches(data.tokens.shape[0], config.batch_size, config.steps_head, config.seed + 7)):
         width = int(data.lengths[rows].max())
-        for group in optimizer.param_groups:
-            group["lr"] = _schedule(step, config.steps_head, config.lr_head)
+        _set_lr(optimizer, _schedule(step, config.steps_head, config.lr_head))
         with torch.no_grad():
             embeds = embed(data.tokens[rows, :width]).float()
         true_feats = data.features[rows, :width]  # f_j
@@ -435,16 +491,48 @@ def train_head(
             ce = _soft_ce(head.head.subset_logits(g), ids, probs, mask)
             reg = (nn.functional.smooth_l1_loss(g, true_feats, reduction="none") * m).sum() / (m.sum() * g.shape[-1])
             loss = loss + weight * (ce + config.feature_weight * reg)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        nn.utils.clip_grad_norm_(new_params, 1.0)
-        optimizer.step()
-        if progress is not None:
-            progress(f"{kind} loss {loss.item():.3f}", 1)
+        _optimizer_step(optimizer, new_params, loss, progress, kind)
     head.eval()
     for p in head.parameters():
         p.requires_grad_(False)
     return head
+
+
+@torch.no_grad()
+def heldout_agreement(draft: Any, data: TeacherData, batch_size: int = 8) -> list[float]:
+    """Teacher-forced top-1 agreement of a draft with the target on ``data`` (response positions only).
+
+    For a :class:`FeatureHead`: ``[step 1, step 2]``, the fraction of positions where the head's argmax
+    equals the target's argmax when it reads the target's true previous feature (step 1, what depth 1 of
+    a greedy chain accepts) and when it reads the feature it predicted itself one position earlier
+    (step 2, as at depth 2). For a distilled draft model: ``[step 1]``. On the target's own greedy
+    responses, step 1 is the expected greedy acceptance rate at depth 1.
+    """
+    hits = [0.0, 0.0]
+    total = 0.0
+    for start in range(0, data.tokens.shape[0], batch_size):
+        rows = torch.arange(start, min(start + batch_size, data.tokens.shape[0]))
+        width = int(data.lengths[rows].max())
+        position = torch.arange(width).unsqueeze(0)
+        # positions that predict a response token (the last one would predict past the end)
+        valid = (position < data.lengths[rows].unsqueeze(1) - 1) & (position >= data.prompt_lengths[rows].unsqueeze(1) - 1)
+        target_top1 = data.top_ids[rows, :width, 0]
+        tokens = data.tokens[rows, :width]
+        if isinstance(draft, FeatureHead):
+            embeds = draft.embed[0](tokens).float()
+            true_feats = data.features[rows, :width]
+            prev = torch.cat([torch.zeros_like(true_feats[:, :1]), true_feats[:, :-1]], dim=1)
+            g1 = draft.features(embeds, prev)
+            g2 = draft.features(embeds, torch.cat([torch.zeros_like(g1[:, :1]), g1[:, :-1]], dim=1))
+            preds = [draft.head(g1).argmax(-1), draft.head(g2).argmax(-1)]
+        else:
+            mask = (position < data.lengths[rows].unsqueeze(1)).long()
+            preds = [draft(input_ids=tokens, attention_mask=mask, use_cache=False).logits.argmax(-1)]
+        for i, pred in enumerate(preds):
+            hits[i] += float(((pred == target_top1) & valid).sum())
+        total += float(valid.sum())
+    steps = 2 if isinstance(draft, FeatureHead) else 1
+    return [h / max(total, 1.0) for h in hits[:steps]]
 
 
 def save_weights(path: str, tensors: dict[str, torch.Tensor], vocab_ids: torch.Tensor, metadata: dict[str, str]) -> None:

@@ -49,3 +49,33 @@ def test_vocabulary_subset_keeps_special_ids_and_the_most_frequent_tokens(setup:
     ids = set(vocab_ids.tolist())
     assert len(ids) == 40 and 0 in ids and {8, 7, 2} <= ids
     assert vocab_ids.tolist() == sorted(ids)
+
+
+def test_heldout_agreement_is_one_for_the_target_itself_and_counts_only_response_positions(
+    setup: tuple[Any, Any, torch.Tensor],
+) -> None:
+    from spec_fast.heads import FeatureHead
+    from spec_fast.training import heldout_agreement
+
+    target, data, vocab_ids = setup
+    assert heldout_agreement(target, data) == [1.0]  # the teacher agrees with itself at every position
+    # a draft that always says token 0: agreement = share of response positions whose target argmax is 0
+    constant = _Constant(64)
+    position = torch.arange(data.tokens.shape[1]).unsqueeze(0)
+    valid = (position < data.lengths.unsqueeze(1) - 1) & (position >= data.prompt_lengths.unsqueeze(1) - 1)
+    expected = float(((data.top_ids[..., 0] == 0) & valid).sum()) / float(valid.sum())
+    assert heldout_agreement(constant, data) == [pytest.approx(expected)]
+    head = FeatureHead(target, "rnn", vocab_ids)  # untrained: two steps, each a fraction
+    scores = heldout_agreement(head, data)
+    assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
+
+
+class _Constant(torch.nn.Module):
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids: torch.Tensor, **_: Any) -> Any:
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        logits[..., 0] = 1.0
+        return type("Out", (), {"logits": logits})()
