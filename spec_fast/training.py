@@ -223,9 +223,12 @@ _SUBJECTS: tuple[str, ...] = (
 def synthetic_prompts(count: int, seed: int = 0) -> list[str]:
     """``count`` distinct training prompts made from :data:`_TEMPLATES` x :data:`_SUBJECTS` in a seeded
     order, minus any that equals a held-out prompt."""
-    held = {p.strip().lower() for p in HELDOUT_PROMPTS} | {p.strip().lower() for p in TRAIN_PROMPTS}
+    def normal(text: str) -> str:
+        return " ".join(text.casefold().split())
+
+    held = {normal(p) for p in HELDOUT_PROMPTS + TRAIN_PROMPTS}
     combos = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]
-    combos = [c for c in combos if c.strip().lower() not in held]
+    combos = [c for c in combos if normal(c) not in held]
     order = torch.randperm(len(combos), generator=torch.Generator().manual_seed(seed)).tolist()
     if count > len(combos):
         raise ValueError(f"count must be <= {len(combos)}, got count={count}")

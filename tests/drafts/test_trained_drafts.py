@@ -25,6 +25,19 @@ def test_held_out_prompts_are_disjoint_from_training_prompts() -> None:
     assert not train & held
 
 
+def test_synthetic_training_prompts_are_distinct_and_never_held_out() -> None:
+    from spec_fast.training import TrainConfig, synthetic_prompts
+
+    synthetic = synthetic_prompts(TrainConfig().synthetic_prompts, TrainConfig().seed)
+    normal = {_normal(p) for p in synthetic}
+    assert len(normal) == len(synthetic) == TrainConfig().synthetic_prompts
+    assert not normal & {_normal(p) for p in HELDOUT_PROMPTS}
+    assert not normal & {_normal(p) for p in TRAIN_PROMPTS}
+    assert synthetic == synthetic_prompts(TrainConfig().synthetic_prompts, TrainConfig().seed)  # seeded
+    with pytest.raises(ValueError, match="count"):
+        synthetic_prompts(10**6)
+
+
 def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> None:
     from safetensors import safe_open
 
