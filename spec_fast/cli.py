@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                           f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--strategy", default=None,
                      help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
-                          "optionally +adaptive (default chain:2+adaptive)")
+                          "optionally +adaptive (default chain:2 with a trained draft, else chain:2+adaptive)")
     gen.add_argument("--verifier", default=None,
                      help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling); greedy at T=0")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter
     from spec_fast.engine import SamplingParams, SpeculativeDecoder
     from spec_fast.models import chat_prompt_ids, load_model
-    from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy
+    from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, parse_strategy
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
-        strategy = parse_strategy(args.strategy or ("ar" if draft_spec == "none" else DEFAULT_STRATEGY), args.verifier)
+        trained = draft_spec in ("distilled", "heads", "eagle", "rnn")
+        default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if trained else DEFAULT_UNTRAINED_STRATEGY)
+        strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except ValueError:
                     raise ValueError(f"--draft early-exit:N needs an integer N, got {draft_spec!r}") from None
                 drafter = EarlyExitDrafter(model, layers)
-            elif draft_spec in ("distilled", "heads", "eagle", "rnn"):
+            elif trained:
                 from spec_fast.heads import load_drafter
 
                 drafter = load_drafter(draft_spec, model)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from spec_ref.dynatree import DynaTreeParams
 
-__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY"]
+__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_UNTRAINED_STRATEGY"]
 
 #: Verifiers that each shape accepts at temperature > 0.
 SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
@@ -53,10 +53,12 @@ _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
 
-#: The CLI default: the fastest configuration measured on SmolLM2 with its default (trained ``rnn``) draft
-#: (bench/results/drafts.md); ``+adaptive`` falls back to plain steps where drafting does not pay (as with
-#: the untrained early-exit draft, bench/results/engine.md).
-DEFAULT_STRATEGY = "chain:2+adaptive"
+#: The CLI default with a trained draft: among the fastest configurations measured on SmolLM2 with its
+#: default (trained ``rnn``) draft (bench/results/drafts.md).
+DEFAULT_STRATEGY = "chain:2"
+#: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
+#: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
+DEFAULT_UNTRAINED_STRATEGY = "chain:2+adaptive"
 
 
 @dataclass(frozen=True)
