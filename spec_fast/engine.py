@@ -33,7 +33,7 @@ from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
 from spec_fast.strategies import Strategy
-from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
+from spec_ref.dynatree import DynaTreeHistory, adjusted_params, branch_count, expands, update_history
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "greedy_verify"]
 
@@ -625,14 +625,7 @@ class SpeculativeDecoder:
                 prm = params[b]
                 rows = []
                 if active[b] and size[b] < prm.node_budget:
-                    d = depth - 1
-                    for u in level[b]:
-                        p_u = tr.score[u]
-                        if p_u < prm.prune_threshold or d >= prm.max_depth or p_u < prm.rho_stop:
-                            continue
-                        if d >= prm.base_depth and p_u < prm.rho_deep:
-                            continue
-                        rows.append(u)
+                    rows = [u for u in level[b] if expands(prm, tr.score[u], depth - 1)]
                 expand.append(rows)
             if not any(expand):
                 break
@@ -655,13 +648,7 @@ class SpeculativeDecoder:
                 for j, u in enumerate(expand[b]):
                     if size[b] >= prm.node_budget:
                         break
-                    confidence = tv[b][j][0]
-                    if confidence >= prm.tau_high:
-                        branches = prm.branch_min
-                    elif confidence < prm.tau_low:
-                        branches = prm.branch_max
-                    else:
-                        branches = prm.branch_mid
+                    branches = branch_count(prm, tv[b][j][0])
                     for val, tok in zip(tv[b][j][:branches], ti[b][j][:branches]):
                         if size[b] >= prm.node_budget or val <= 0:
                             break

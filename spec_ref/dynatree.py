@@ -61,7 +61,10 @@ from spec_ref._validate import is_exact
 from spec_ref.drafting import ScoredDraftTree, _assemble, _int_at_least, _ModelCache, ranked_tokens
 from spec_ref.tree import Model
 
-__all__ = ["DynaTreeParams", "DynaTreeHistory", "draft_dynatree", "update_history", "adjusted_params"]
+__all__ = [
+    "DynaTreeParams", "DynaTreeHistory", "draft_dynatree", "update_history", "adjusted_params", "expands",
+    "branch_count",
+]
 
 
 def _real(value: Any, name: str) -> Any:
@@ -227,6 +230,24 @@ def update_history(history: DynaTreeHistory, accepted_length: int) -> DynaTreeHi
     return DynaTreeHistory(window=history.window, acceptance=window, pending_depth=None)
 
 
+def expands(params: DynaTreeParams, path_prob: Any, depth: int) -> bool:
+    """Whether a node with path probability ``p(u)`` at seed depth ``d`` (u0: 0) is expanded: not pruned
+    (``p(u) >= tau``), not at ``D_max``, above ``rho_stop``, and above ``rho_deep`` once ``d >= D_0``."""
+    if path_prob < params.prune_threshold or depth >= params.max_depth or path_prob < params.rho_stop:
+        return False
+    return not (depth >= params.base_depth and path_prob < params.rho_deep)
+
+
+def branch_count(params: DynaTreeParams, confidence: Any) -> int:
+    """Children of an expanded node whose draft top-1 probability is ``confidence``: ``branch_min`` at or
+    above ``tau_high``, ``branch_max`` below ``tau_low``, else ``branch_mid``."""
+    if confidence >= params.tau_high:
+        return int(params.branch_min)
+    if confidence < params.tau_low:
+        return int(params.branch_max)
+    return int(params.branch_mid)
+
+
 def draft_dynatree(
     draft_model: Model, params: DynaTreeParams, history: DynaTreeHistory
 ) -> tuple[ScoredDraftTree, DynaTreeHistory]:
@@ -254,20 +275,11 @@ def draft_dynatree(
         u = frontier.popleft()
         p_u = p_of[u]
         depth = len(u) - 1  # seed depth: u0 has d = 0
-        if p_u < effective.prune_threshold or depth >= effective.max_depth or p_u < effective.rho_stop:
-            continue
-        if depth >= effective.base_depth and p_u < effective.rho_deep:
+        if not expands(effective, p_u, depth):
             continue
         q = model(u)
         ranked = ranked_tokens(q)
-        confidence = q[ranked[0]]
-        if confidence >= effective.tau_high:
-            branches = effective.branch_min
-        elif confidence < effective.tau_low:
-            branches = effective.branch_max
-        else:
-            branches = effective.branch_mid
-        for t in ranked[:branches]:
+        for t in ranked[: branch_count(effective, q[ranked[0]])]:
             if size >= effective.node_budget:
                 break
             p_v = p_u * q[t]
