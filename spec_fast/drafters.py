@@ -105,14 +105,8 @@ def early_exit_model(target: Any, num_layers: int) -> Any:
     total = len(getattr(holder, attr))
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
         raise ValueError(f"num_layers must be an integer in [1, {total - 1}], got num_layers={num_layers!r}")
-    config = copy.deepcopy(target.config)
-    for name in ("num_hidden_layers", "n_layer"):
-        if hasattr(config, name):
-            setattr(config, name, num_layers)
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:num_layers]
     with torch.device("meta"):
-        draft = type(target)(config)
+        draft = type(target)(truncated_config(target.config, num_layers))
     # share every module of the target except the truncated layer list
     draft_holder, _ = _decoder_layers(draft)
     for name, module in holder.named_children():
@@ -123,9 +117,26 @@ def early_exit_model(target: Any, num_layers: int) -> Any:
     for name, module in target.named_children():
         if module is not holder:
             setattr(draft, name, module)
+    return finish_draft_model(draft, target, "early exit could not share {name} with the target")
+
+
+def truncated_config(config: Any, num_layers: int) -> Any:
+    """A copy of an HF model config with ``num_layers`` decoder layers (Llama- or GPT-2-style names)."""
+    config = copy.deepcopy(config)
+    for name in ("num_hidden_layers", "n_layer"):
+        if hasattr(config, name):
+            setattr(config, name, num_layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    return config
+
+
+def finish_draft_model(draft: Any, target: Any, missing: str) -> Any:
+    """Check that a draft built on the meta device got every tensor (``missing``, formatted with the
+    tensor's ``name``, is the error otherwise), give it the target's generation config, set eval mode."""
     for name, tensor in list(draft.named_parameters()) + list(draft.named_buffers()):
         if tensor.is_meta:
-            raise ValueError(f"early exit could not share {name} with the target")
+            raise ValueError(missing.format(name=name))
     draft.generation_config = copy.deepcopy(target.generation_config)
     draft.eval()
     return draft

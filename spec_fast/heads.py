@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_fast.drafters import Drafter
+from spec_fast.drafters import Drafter, finish_draft_model, truncated_config
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = [
@@ -98,10 +98,7 @@ class SubsetHead(nn.Module):
 
 
 def _layer_config(target_config: Any, num_layers: int, intermediate: int | None = None) -> Any:
-    config = copy.deepcopy(target_config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:num_layers]
+    config = truncated_config(target_config, num_layers)
     if intermediate is not None:
         config.intermediate_size = intermediate
     return config
@@ -129,12 +126,7 @@ def distilled_model(target: Any, vocab_ids: torch.Tensor, init_layers: tuple[int
     draft.model.layers = nn.ModuleList(layers)
     draft.model.norm = copy.deepcopy(target.model.norm)
     draft.lm_head = SubsetHead(lm_head, vocab_ids)
-    for name, tensor in list(draft.named_parameters()) + list(draft.named_buffers()):
-        if tensor.is_meta:
-            raise ValueError(f"distilled draft could not build {name}")
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    draft.eval()
-    return draft
+    return finish_draft_model(draft, target, "distilled draft could not build {name}")
 
 
 def distilled_state(draft: Any) -> dict[str, torch.Tensor]:
