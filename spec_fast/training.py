@@ -372,11 +372,27 @@ def _soft_targets(
     probs = torch.where(inside, logp.exp(), torch.zeros_like(logp))
     total = probs.sum(-1, keepdim=True)
     probs = probs / total.clamp(min=1e-12)
-    position = torch.arange(width).unsqueeze(0)
     # only the positions that predict response tokens (the chat template repeats in every prompt)
-    valid = (position < data.lengths[rows].unsqueeze(1)) & (position >= data.prompt_lengths[rows].unsqueeze(1) - 1)
-    mask = valid & (total.squeeze(-1) > 0.05)
+    mask = _response_positions(data, rows, width, last=True) & (total.squeeze(-1) > 0.05)
     return ids.clamp(min=0), probs, mask
+
+
+def _response_positions(data: TeacherData, rows: torch.Tensor, width: int, last: bool) -> torch.Tensor:
+    """``[b, width]`` bool: positions whose next token is a response token (from the prompt's last
+    position on); with ``last=False`` the sequence's final position (predicting past its end) is left out."""
+    position = torch.arange(width).unsqueeze(0)
+    end = data.lengths[rows].unsqueeze(1) - (0 if last else 1)
+    return (position < end) & (position >= data.prompt_lengths[rows].unsqueeze(1) - 1)
+
+
+def _unrolled_features(head: FeatureHead, embeds: torch.Tensor, true_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two drafting steps of a feature head on whole sequences: step 1 reads the true previous
+    features ``f_{j-1}``, step 2 the features step 1 predicted one position earlier (detached)."""
+    def shifted(feats: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)
+
+    g1 = head.features(embeds, shifted(true_feats))
+    return g1, head.features(embeds, shifted(g1.detach()))
 
 
 def _soft_ce(subset_logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -484,10 +500,8 @@ def train_head(
         with torch.no_grad():
             embeds = embed(data.tokens[rows, :width]).float()
         true_feats = data.features[rows, :width]  # f_j
-        prev = torch.cat([torch.zeros_like(true_feats[:, :1]), true_feats[:, :-1]], dim=1)  # f_{j-1}
         ids, probs, mask = _soft_targets(data, rows, width, index_map)
-        g1 = head.features(embeds, prev)
-        g2 = head.features(embeds, torch.cat([torch.zeros_like(g1[:, :1]), g1[:, :-1].detach()], dim=1))
+        g1, g2 = _unrolled_features(head, embeds, true_feats)
         m = mask.unsqueeze(-1).float()
         loss = torch.zeros(())
         for weight, g in ((1.0, g1), (0.5, g2)):
@@ -516,20 +530,14 @@ def heldout_agreement(draft: Any, data: TeacherData, batch_size: int = 8) -> lis
     for start in range(0, data.tokens.shape[0], batch_size):
         rows = torch.arange(start, min(start + batch_size, data.tokens.shape[0]))
         width = int(data.lengths[rows].max())
-        position = torch.arange(width).unsqueeze(0)
-        # positions that predict a response token (the last one would predict past the end)
-        valid = (position < data.lengths[rows].unsqueeze(1) - 1) & (position >= data.prompt_lengths[rows].unsqueeze(1) - 1)
+        valid = _response_positions(data, rows, width, last=False)
         target_top1 = data.top_ids[rows, :width, 0]
         tokens = data.tokens[rows, :width]
         if isinstance(draft, FeatureHead):
-            embeds = draft.embed[0](tokens).float()
-            true_feats = data.features[rows, :width]
-            prev = torch.cat([torch.zeros_like(true_feats[:, :1]), true_feats[:, :-1]], dim=1)
-            g1 = draft.features(embeds, prev)
-            g2 = draft.features(embeds, torch.cat([torch.zeros_like(g1[:, :1]), g1[:, :-1]], dim=1))
+            g1, g2 = _unrolled_features(draft, draft.embed[0](tokens).float(), data.features[rows, :width])
             preds = [draft.head(g1).argmax(-1), draft.head(g2).argmax(-1)]
         else:
-            mask = (position < data.lengths[rows].unsqueeze(1)).long()
+            mask = (torch.arange(width).unsqueeze(0) < data.lengths[rows].unsqueeze(1)).long()
             preds = [draft(input_ids=tokens, attention_mask=mask, use_cache=False).logits.argmax(-1)]
         for i, pred in enumerate(preds):
             hits[i] += float(((pred == target_top1) & valid).sum())
