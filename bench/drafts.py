@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench._common import hf_generate, write_results  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
 from spec_fast.heads import DRAFT_NAMES, load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
@@ -38,22 +38,6 @@ from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
 STRATEGIES = [("chain:1", "naive"), ("chain:2", "naive"), ("chain:3", "naive"), ("topk:2,2,3", "nss"),
               ("topk:4,2,8", "nss"), ("dynatree", "nss"), ("delayed:2,1,2", "specinfer")]
 SETTINGS = {"greedy": SamplingParams(), "T0.7/top-p0.9": SamplingParams(temperature=0.7, top_p=0.9)}
-
-
-def _hf_run(model: Any, prompt: list[int], new: int, sampling: SamplingParams, eos: int | None,
-            assistant: Any | None) -> tuple[list[int], float]:
-    kwargs: dict[str, Any] = {"max_new_tokens": new, "pad_token_id": eos, "eos_token_id": eos}
-    if sampling.greedy:
-        kwargs["do_sample"] = False
-    else:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        torch.manual_seed(sampling.seed)
-    if assistant is not None:
-        kwargs["assistant_model"] = assistant
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), **kwargs)
-    return out[0, len(prompt):].tolist(), time.perf_counter() - start
 
 
 def _depth_acceptance(histogram: list[int], depth: int) -> list[float]:
@@ -113,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             a = acc[i]
             if spec.startswith("hf"):
                 assistant = getattr(drafts["distilled"], "model") if spec == "hf-assisted" else None
-                out, dt = _hf_run(model, prompt, new, sampling, eos, assistant)
+                out, dt = hf_generate(model, prompt, new, sampling, eos, assistant)
             else:
                 strategy = parse_strategy(spec, verifier)
                 decoder = SpeculativeDecoder(model, drafts[name] if strategy.drafts else None, strategy)
@@ -161,27 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         "note": "shared 2-core machine: absolute tok/s are noisy; configurations interleaved prompt by prompt",
         "teacher-forced held-out top-1 agreement (steps 1, 2; from the weights' metadata)": _agreements(list(drafts)),
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "drafts.json"), "w") as fh:
-        json.dump({"meta": meta, "results": rows}, fh, indent=2)
-    lines = ["# Trained drafts on held-out prompts (SmolLM2-135M-Instruct, CPU)", "",
-             *(f"- {k}: {v}" for k, v in meta.items()), "",
-             "| setting | draft | config | tokens | tok/s | vs AR | block eff. | acceptance by depth | identical to AR |",
+    table = ["| setting | draft | config | tokens | tok/s | vs AR | block eff. | acceptance by depth | identical to AR |",
              "|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         be = f"{r['block_efficiency']:.2f}" if r["block_efficiency"] is not None else "n/a"
         depth = " ".join(f"{x:.2f}" for x in r["acceptance_by_depth"]) or "-"
         same = {True: "yes", False: "NO", None: "-"}[r["identical_to_ar"]]
-        lines.append(f"| {r['setting']} | {r['draft']} | {r['config']} | {r['tokens']} | {r['tokens_per_s']:.2f} | "
+        table.append(f"| {r['setting']} | {r['draft']} | {r['config']} | {r['tokens']} | {r['tokens_per_s']:.2f} | "
                      f"{r['speedup_over_ar']:.2f}x | {be} | {depth} | {same} |")
-    with open(os.path.join(args.out, "drafts.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    def plot(plt: Any) -> Any:
         fig, axes = plt.subplots(1, 2, figsize=(15, 7))
         for ax, setting in zip(axes, SETTINGS):
             same = [r for r in rows if r["setting"] == setting]
@@ -193,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                     ax.text(r["speedup_over_ar"], y, f" BE {r['block_efficiency']:.2f}", va="center", fontsize=7)
             ax.set_title(f"{setting}: speed-up over AR ({new} tokens x {len(prompts)} held-out prompts)")
             ax.set_xlabel("tokens/s relative to our AR")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "drafts.png"), dpi=90)
-    except ImportError:
-        pass
-    print("\n".join(lines))
+        return fig
+
+    write_results(args.out, "drafts", "Trained drafts on held-out prompts (SmolLM2-135M-Instruct, CPU)", meta, rows,
+                  table, plot)
     return 0
 
 

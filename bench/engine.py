@@ -13,11 +13,9 @@ and ratio over HF assisted generation; writes ``bench/results/engine.{json,md,pn
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 import torch
@@ -25,6 +23,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench._common import hf_generate, write_results  # noqa: E402
 from spec_fast.drafters import EarlyExitDrafter  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
@@ -75,22 +74,6 @@ QUICK_GREEDY = [("chain:2", None), ("topk:2,2,3", None), ("dynatree:1,2,6", None
 QUICK_SAMPLING = [("chain:2", "naive"), ("chain:2", "bv"), ("iid:2x2", "specinfer"), ("iid:2x2", "traversal"),
                   ("topk:2,2,3", "nss"), ("chain:2+adaptive", "naive")]
 
-def _hf_run(model: Any, prompt: list[int], new: int, sampling: SamplingParams, eos: int | None,
-            assistant: Any | None) -> tuple[int, float]:
-    kwargs: dict[str, Any] = {"max_new_tokens": new, "pad_token_id": eos, "eos_token_id": eos}
-    if sampling.greedy:
-        kwargs["do_sample"] = False
-    else:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        torch.manual_seed(sampling.seed)
-    if assistant is not None:
-        kwargs["assistant_model"] = assistant
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), **kwargs)
-    return int(out.shape[1] - len(prompt)), time.perf_counter() - start
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10 new tokens x 20 prompts, fewer strategies")
@@ -134,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             sampling_i = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i)
             if engine.startswith("hf"):
                 assistant = drafter.model if engine == "hf-assisted" else None
-                n, dt = _hf_run(model, prompt, new, sampling_i, eos, assistant)
+                out, dt = hf_generate(model, prompt, new, sampling_i, eos, assistant)
+                n = len(out)
             else:
                 result = decoders[c].generate([prompt], max_new_tokens=new, sampling=sampling_i, eos_token_id=eos)
                 n, dt = result.metrics.generated_tokens, result.metrics.wall_s
@@ -171,40 +155,27 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "command": "python bench/engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "note": "shared 2-core machine: absolute tok/s are noisy; configurations interleaved prompt by prompt, one decoder per configuration reused across prompts",
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "engine.json"), "w") as fh:
-        json.dump({"meta": meta, "results": rows}, fh, indent=2)
-    lines = [
-        "# spec_fast engine benchmark (SmolLM2-135M-Instruct, CPU)", "",
-        *(f"- {k}: {v}" for k, v in meta.items()), "",
+    table = [
         "| setting | engine | config | tokens | tok/s | block eff. | vs our AR | vs HF AR | vs HF assisted |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         be = f"{r['block_efficiency']:.2f}" if r["block_efficiency"] is not None else "n/a"
-        lines.append(
+        table.append(
             f"| {r['setting']} | {r['engine']} | {r['config']} | {r['tokens']} | {r['tokens_per_s']:.2f} | {be} | "
             f"{r['speedup_over_ar']:.2f}x | {r['speedup_over_hf_ar']:.2f}x | {r['ratio_over_hf_assisted']:.2f}x |"
         )
-    with open(os.path.join(args.out, "engine.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    def plot(plt: Any) -> Any:
         fig, axes = plt.subplots(1, 2, figsize=(14, 6), sharey=False)
         for ax, setting in zip(axes, settings):
             same = [r for r in rows if r["setting"] == setting]
             ax.barh([f"{r['engine']}:{r['config']}" for r in same], [r["tokens_per_s"] for r in same])
             ax.set_title(f"{setting} ({new} new tokens x {len(prompts)} prompts)")
             ax.set_xlabel("tokens/s")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "engine.png"), dpi=90)
-    except ImportError:
-        pass
-    print("\n".join(lines))
+        return fig
+
+    write_results(args.out, "engine", "spec_fast engine benchmark (SmolLM2-135M-Instruct, CPU)", meta, rows, table, plot)
     return 0
 
 
