@@ -20,6 +20,7 @@ reproduces the output exactly.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,34 @@ class _RowTree:
         self.score.append(score)
         self.alive.append(True)
         return len(self.tokens) - 1
+
+    def best_first(self, budget: int) -> set[int]:
+        """The ``budget`` best alive non-root nodes, closed under ancestors, chosen best-first exactly as
+        :func:`spec_ref.draft_topk_tree` does: from the root's children, repeatedly the best available node
+        (higher confidence, then lower token id, then earlier pushed; children are pushed in rank order
+        when their parent is kept). A plain sort would be the same without ties, but a law with
+        probability 1 (a retrieval draft) gives a child its parent's confidence, and a lower token id must
+        not let it overtake its own parent."""
+        children: dict[int, list[int]] = {}
+        for i in range(1, len(self.tokens)):
+            if self.alive[i]:
+                children.setdefault(self.parents[i], []).append(i)
+        heap: list[tuple[float, int, int, int]] = []
+        pushed = 0
+
+        def push(node: int) -> None:
+            nonlocal pushed
+            for child in sorted(children.get(node, []), key=lambda c: (-self.score[c], self.tokens[c])):
+                heapq.heappush(heap, (-self.score[child], self.tokens[child], pushed, child))
+                pushed += 1
+
+        push(0)
+        kept: set[int] = set()
+        while heap and len(kept) < budget:
+            node = heapq.heappop(heap)[3]
+            kept.add(node)
+            push(node)
+        return kept
 
 
 class SpeculativeDecoder:
@@ -465,7 +494,7 @@ class SpeculativeDecoder:
             fmax = q.shape[1]
             new_frontier: list[list[int]] = [[] for _ in range(batch)]
             if st.shape == "topk":
-                top_vals, top_ids = torch.topk(q, min(st.top_k, q.shape[-1]), dim=-1)
+                top_vals, top_ids = _topk_lowest_id(q, min(st.top_k, q.shape[-1]))
                 tv, ti = top_vals.tolist(), top_ids.tolist()
                 for b in range(batch):
                     tr = trees[b]
@@ -474,12 +503,7 @@ class SpeculativeDecoder:
                         for val, tok in zip(tv[b][f], ti[b][f]):
                             if val > 0:
                                 tr.add(node, tok, [], tr.score[node] * val)
-                    # keep the `budget` best non-root nodes (confidence desc, token asc, creation order)
-                    order = sorted(
-                        (i for i in range(1, len(tr.tokens)) if tr.alive[i]),
-                        key=lambda i: (-tr.score[i], tr.tokens[i], i),
-                    )
-                    keep = set(order[: st.budget])
+                    keep = tr.best_first(st.budget)
                     for i in range(1, len(tr.tokens)):
                         if tr.alive[i] and i not in keep:
                             tr.alive[i] = False
@@ -800,6 +824,23 @@ class _AdaptiveController:
             loser, winner = sorted((self.rate(True), self.rate(False)))
             factor = 4 if loser < self.clear_margin * winner else 2
             self.probe_every = min(factor * self.probe_every, self.max_interval) if confirmed else self.initial_interval
+
+
+def _topk_lowest_id(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(q, k)`` over the last dim of ``q [..., V]`` with ties at the cut broken towards the
+    lower token id (``spec_ref``'s ``ranked_tokens`` rule; ``torch.topk`` leaves that unspecified, and
+    retrieval drafts produce exact ties)."""
+    kth = torch.topk(q, k, dim=-1).values[..., -1:]
+    above = q > kth
+    tied = q == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    chosen = above | (tied & (torch.cumsum(tied.long(), dim=-1) <= room))
+    # exactly k chosen per row: take them, then order by (value desc, id asc) with two stable sorts
+    ids = torch.topk(torch.where(chosen, q, torch.full_like(q, -1.0)), k, dim=-1).indices
+    ids = torch.sort(ids, dim=-1).values
+    vals = torch.gather(q, -1, ids)
+    vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
+    return vals, torch.gather(ids, -1, order)
 
 
 def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:

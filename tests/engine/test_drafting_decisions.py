@@ -73,3 +73,39 @@ def test_dynatree_trees_equal_the_reference_rule(prompt: list[int], d0: int, dma
     params = DynaTreeParams(base_depth=d0, max_depth=dmax, node_budget=budget)
     tree, _ = draft_dynatree(_draft_model(prompt), params, DynaTreeHistory())
     assert got == _reference_tree(tree)
+
+
+# ---- ties: a retrieval draft gives exact ties and point masses (q = 1), so a child can have its parent's
+# confidence and a lower token id; the engine must still pick best-first with the reference's tie rule
+_TIE_SEQS = [[9, 5, 3, 1], [9, 5, 3, 1], [9, 6, 2, 0], [9, 7, 4, 4], [9, 7, 4, 2]]
+
+
+def _retrieval_model(drafter: Any, prompt: list[int]) -> Any:
+    def model(prefix: tuple[int, ...]) -> np.ndarray:
+        _, counts = drafter.law(prompt + list(prefix))
+        with np.errstate(divide="ignore"):
+            logits = torch.from_numpy(np.log(counts).astype(np.float32))
+        # the engine's own float32 law, so both sides multiply identical confidences
+        return torch.softmax(logits, dim=-1).double().numpy()
+
+    return model
+
+
+@pytest.mark.parametrize("depth,top_k,budget", [(2, 2, 1), (3, 2, 2), (3, 3, 4), (3, 2, 5), (2, 3, 3)])
+def test_topk_trees_with_ties_and_point_masses_equal_the_reference_rule(depth: int, top_k: int, budget: int) -> None:
+    from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
+
+    drafter = RetrievalDrafter(SuffixIndex(_TIE_SEQS, 16, 4), 16, 4)
+    prompt = [11, 9]
+    decoder = SpeculativeDecoder(TARGET, drafter, parse_strategy(f"topk:{depth},{top_k},{budget}"))
+    decoder.record_trees = True
+    decoder.generate([prompt], max_new_tokens=depth + 1)
+    tree: FlatTree = decoder.recorded_trees[0]
+    tokens, parents, valid = tree.tokens[0].tolist(), tree.parents[0].tolist(), tree.valid[0].tolist()
+    paths: dict[int, tuple[int, ...]] = {0: ()}
+    for i in range(1, len(tokens)):
+        if valid[i]:
+            paths[i] = paths[parents[i]] + (tokens[i],)
+    draws = {paths[i]: [t for t in tree.draws[0, i].tolist() if t >= 0] for i in paths}
+    want = _reference_tree(draft_topk_tree(_retrieval_model(drafter, prompt), depth, top_k, budget))
+    assert (set(paths.values()), draws) == want
