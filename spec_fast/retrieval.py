@@ -47,6 +47,7 @@ def datastore_sequences(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) ->
     :data:`ASSISTANT_HEADER_TOKENS` prompt tokens (the user's text is left out)."""
     return [list(p[len(p) - min(len(p), ASSISTANT_HEADER_TOKENS):]) + list(r) for p, r in pairs]
 
+
 DATASTORE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "datastore.npz")
 
 _NONE = -1  # key value before the start of a sequence (never a token id)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from spec_fast.heads import DRAFT_NAMES, WEIGHTS_DIR, HeadDrafter, load_drafter, weights_path
-from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS
+from spec_fast.drafters import ModelDrafter
+from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS, TrainConfig
 
 
 def _normal(text: str) -> str:
@@ -26,7 +27,7 @@ def test_held_out_prompts_are_disjoint_from_training_prompts() -> None:
 
 
 def test_synthetic_training_prompts_are_distinct_and_never_held_out() -> None:
-    from spec_fast.training import TrainConfig, synthetic_prompts
+    from spec_fast.training import synthetic_prompts
 
     synthetic = synthetic_prompts(TrainConfig().synthetic_prompts, TrainConfig().seed)
     normal = {_normal(p) for p in synthetic}
@@ -41,7 +42,7 @@ def test_synthetic_training_prompts_are_distinct_and_never_held_out() -> None:
 def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> None:
     from safetensors import safe_open
 
-    total = 0
+    total = os.path.getsize(os.path.join(WEIGHTS_DIR, "datastore.npz"))
     for name in DRAFT_NAMES:
         path = weights_path(name)
         total += os.path.getsize(path)
@@ -53,17 +54,39 @@ def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> No
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["distilled", "heads", "eagle", "rnn"])
+@pytest.mark.parametrize("name", ["distilled", "heads", "eagle", "rnn", "retrieval", "rnn+retrieval"])
 def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target: Any, name: str) -> None:
+    from spec_fast.retrieval import HybridDrafter, RetrievalDrafter
+
     target, _ = smollm2_target
     drafter = load_drafter(name, target)
     assert drafter.vocab_size == target.config.vocab_size
-    assert isinstance(drafter, HeadDrafter) == (name != "distilled")
+    kind = {"distilled": ModelDrafter, "retrieval": RetrievalDrafter, "rnn+retrieval": HybridDrafter}
+    assert isinstance(drafter, kind.get(name, HeadDrafter))
+    with pytest.raises(ValueError, match="draft name"):
+        load_drafter("early+retrieval", target)
+
+
+@pytest.mark.model
+def test_committed_datastore_holds_the_targets_replies_to_training_prompts_only(smollm2_target: Any) -> None:
+    from spec_fast.models import chat_prompt_ids
+    from spec_fast.retrieval import ASSISTANT_HEADER_TOKENS, load_datastore
+
+    _, tokenizer = smollm2_target
+    sequences, meta = load_datastore()
+    assert len(sequences) == len(TRAIN_PROMPTS) + TrainConfig().synthetic_prompts == int(meta["sequences"])
+    assert meta["command"] == "python scripts/train_drafts.py"
+    header = chat_prompt_ids(tokenizer, HELDOUT_PROMPTS[0])[-ASSISTANT_HEADER_TOKENS:]
+    assert all(s[:ASSISTANT_HEADER_TOKENS] == header for s in sequences)  # no user text is stored
+    # every reply ends with the end-of-turn token or stops at the 128-token cap
+    eos = tokenizer.eos_token_id
+    assert all(s[-1] == eos or len(s) == ASSISTANT_HEADER_TOKENS + TrainConfig().max_new_tokens for s in sequences)
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("name,strategy", [("distilled", "chain:4"), ("eagle", "topk:4,2,8"),
-                                           ("rnn", "dynatree"), ("eagle", "delayed:2,1,3")])
+                                           ("rnn", "dynatree"), ("eagle", "delayed:2,1,3"),
+                                           ("retrieval", "topk:3,2,6"), ("rnn+retrieval", "chain:3")])
 def test_greedy_output_with_a_trained_draft_is_byte_identical_to_smollm2_greedy(
     smollm2_target: Any, name: str, strategy: str
 ) -> None:
