@@ -23,7 +23,8 @@ from spec_fast.retrieval import (
     save_datastore,
 )
 from spec_fast.strategies import parse_strategy
-from tests.drafts.test_heads_protocol import _head
+from tests.drafts.test_heads_protocol import NEW_TOKENS, PROMPTS, STRATEGIES, _head
+from tests.drafts.test_heads_protocol import reference, target  # noqa: F401  (module fixtures, reused)
 from tests.engine.models import hf_greedy, tiny_llama
 
 VOCAB = 5
@@ -138,30 +139,14 @@ def test_suffix_index_rejects_bad_input(kwargs: dict[str, Any], match: str) -> N
 
 
 def test_hybrid_rejects_bad_input() -> None:
-    target = tiny_llama()
-    retrieval = RetrievalDrafter(None, 63)
+    head = HeadDrafter(_head(tiny_llama(), "rnn"))
     with pytest.raises(ValueError, match="vocab_size"):
-        HybridDrafter(retrieval, HeadDrafter(_head(target, "rnn")))
+        HybridDrafter(RetrievalDrafter(None, 63), head)
     with pytest.raises(ValueError, match="min_match"):
-        HybridDrafter(RetrievalDrafter(None, 64), HeadDrafter(_head(target, "rnn")), min_match=0)
+        HybridDrafter(RetrievalDrafter(None, 64), head, min_match=0)
 
 
 # ---------------------------------------------------------------- through the engine (tiny random Llama)
-STRATEGIES = ["chain:1", "chain:4", "iid:2x3", "delayed:2,1,3", "topk:3,2,6", "dynatree", "chain:3+adaptive"]
-PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1], [60]]
-NEW_TOKENS = 20
-
-
-@pytest.fixture(scope="module")
-def target() -> Any:
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def reference(target: Any) -> list[list[int]]:
-    return [hf_greedy(target, p, NEW_TOKENS) for p in PROMPTS]
-
-
 @pytest.fixture(scope="module")
 def index(target: Any) -> SuffixIndex:
     # the target's own greedy continuations of other prompts: long matches, so drafts get accepted

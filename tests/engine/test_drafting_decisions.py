@@ -36,8 +36,9 @@ def _draft_model(prompt: list[int]) -> Any:
     return model
 
 
-def _engine_tree(strategy: str, prompt: list[int]) -> tuple[set[tuple[int, ...]], dict[tuple[int, ...], list[int]]]:
-    decoder = SpeculativeDecoder(TARGET, DRAFTER, parse_strategy(strategy))
+def _engine_tree(strategy: str, prompt: list[int], drafter: Any = DRAFTER
+                 ) -> tuple[set[tuple[int, ...]], dict[tuple[int, ...], list[int]]]:
+    decoder = SpeculativeDecoder(TARGET, drafter, parse_strategy(strategy))
     decoder.record_trees = True
     decoder.generate([prompt], max_new_tokens=12)
     tree: FlatTree = decoder.recorded_trees[0]
@@ -97,15 +98,5 @@ def test_topk_trees_with_ties_and_point_masses_equal_the_reference_rule(depth: i
 
     drafter = RetrievalDrafter(SuffixIndex(_TIE_SEQS, 16, 4), 16, 4)
     prompt = [11, 9]
-    decoder = SpeculativeDecoder(TARGET, drafter, parse_strategy(f"topk:{depth},{top_k},{budget}"))
-    decoder.record_trees = True
-    decoder.generate([prompt], max_new_tokens=depth + 1)
-    tree: FlatTree = decoder.recorded_trees[0]
-    tokens, parents, valid = tree.tokens[0].tolist(), tree.parents[0].tolist(), tree.valid[0].tolist()
-    paths: dict[int, tuple[int, ...]] = {0: ()}
-    for i in range(1, len(tokens)):
-        if valid[i]:
-            paths[i] = paths[parents[i]] + (tokens[i],)
-    draws = {paths[i]: [t for t in tree.draws[0, i].tolist() if t >= 0] for i in paths}
-    want = _reference_tree(draft_topk_tree(_retrieval_model(drafter, prompt), depth, top_k, budget))
-    assert (set(paths.values()), draws) == want
+    got = _engine_tree(f"topk:{depth},{top_k},{budget}", prompt, drafter)
+    assert got == _reference_tree(draft_topk_tree(_retrieval_model(drafter, prompt), depth, top_k, budget))
