@@ -6,7 +6,10 @@ One step, batched over ``B`` rows (each row = one prompt):
    ending with the *root token*, the last committed token), then grows the tree level by level; every
    draft forward is one batched pass over the new frontier with a tree attention mask.
 2. **target**: one batched pass over the whole tree (slot 0 = root token, then the drafted nodes) with
-   the ancestor mask and depth-based position ids -> logits ``[B, N, V]``.
+   the ancestor mask and depth-based position ids -> logits ``[B, N, V]``. The prefill runs the whole
+   prompt, so the first step takes the root's logits from it and forwards the drafted nodes only (a plain
+   first step forwards nothing): N generated tokens by plain decoding cost the prefill plus N - 1 passes,
+   as in HF ``generate``.
 3. **verify**: greedy (ALGORITHMS.md section 8, exact argmax walk) at temperature 0, else the
    :mod:`spec_fast.verify` kernels with ``target_probs = G(target logits)`` and ``draft_probs`` = the very
    tensor the drafts were sampled from.
@@ -252,7 +255,12 @@ class SpeculativeDecoder:
         # trained heads read the verifier's hidden states of every committed entry (seeds/000 section 7)
         wants_hidden = self.strategy.drafts and bool(getattr(self.drafter, "wants_target_hidden", False))
         target_state = TreeKVCache(self.target, batch, device)
-        prefill_out = self._prefill(target_state, prompt_lists, wants_hidden)
+        # the prefill runs every prompt token, the root included: its logits at the root serve the first
+        # step, which then forwards only its draft nodes (a plain first step forwards nothing)
+        prefilled = self._prefill(target_state, prompt_lists, wants_hidden)
+        root_logits: torch.Tensor | None = prefilled[0]
+        root_hidden: torch.Tensor | None = prefilled[1]
+        prefill_out = prefilled[2]
         # +adaptive: one controller per decoder and sampling kind, kept across generate calls (what it
         # measured on earlier prompts decides the first steps of this one)
         controller = self._controllers.setdefault(sampling.greedy, _AdaptiveController()) if self.strategy.adaptive else None
@@ -276,6 +284,7 @@ class SpeculativeDecoder:
         active = [True] * batch
         first_token_time: float | None = None
         self._dyna_history = [DynaTreeHistory() for _ in range(batch)]
+        steps = 0
 
         while any(active):
             remaining = max(max_new_tokens - len(outputs[b]) for b in range(batch) if active[b])
@@ -296,8 +305,26 @@ class SpeculativeDecoder:
                 tree, draft_probs, entries, tokens_in = self._root_only(roots)
             if self.record_trees:
                 self.recorded_trees.append(tree)
-            out = target_state.forward(tokens_in, tree.parents, output_hidden_states=wants_hidden)
-            target_logits = out.logits  # [B, N, V]
+            step_hidden: torch.Tensor | None = None
+            root_in_cache = root_logits is not None
+            if root_logits is not None:
+                # first step: slot 0 (the root) is already in the cache with its logits; forward the draft
+                # nodes only, slot s > 0 becoming block entry s - 1 (children of the root hang below the context)
+                target_logits = root_logits.unsqueeze(1)  # [B, 1, V]
+                step_hidden = root_hidden
+                if tree.num_slots > 1:
+                    block_parents = torch.where(tree.parents > 0, tree.parents - 1, torch.full_like(tree.parents, -1))
+                    out = target_state.forward(tokens_in[:, 1:], block_parents[:, 1:], output_hidden_states=wants_hidden)
+                    target_logits = torch.cat([target_logits, out.logits], dim=1)  # [B, N, V]
+                    if wants_hidden and root_hidden is not None:
+                        step_hidden = torch.cat([root_hidden, out.hidden_states[-1]], dim=1)
+                root_logits = root_hidden = None
+            else:
+                out = target_state.forward(tokens_in, tree.parents, output_hidden_states=wants_hidden)
+                target_logits = out.logits  # [B, N, V]
+                if wants_hidden:
+                    step_hidden = out.hidden_states[-1]
+            steps += 1
             if sampling.greedy:
                 accepted, num_accepted, next_token = greedy_verify(tree, target_logits)
             elif tree.num_slots == 1:
@@ -366,14 +393,20 @@ class SpeculativeDecoder:
                 if len(outputs[b]) >= max_new_tokens or (outputs[b] and outputs[b][-1] in eos):
                     active[b] = False
             metrics.record_step(step_acc, step_depth)
-            if controller is not None:
+            if controller is not None and not root_in_cache:  # the first step's timing is not a step's
                 emitted_rows = [num_list[b] + 1 for b in range(batch) if counts_t[b] > 0]
                 controller.observe(depth_cap >= 1, sum(emitted_rows) / max(len(emitted_rows), 1),
                                    time.perf_counter() - step_start)
-            target_state.commit(_pad(keep_t, device), torch.tensor(counts_t, device=device),
-                                _is_block_prefix(keep_t, counts_t, self._aligned(target_state)))
-            if wants_hidden and draft_state is not None and self.drafter is not None:
-                self.drafter.observe_target(draft_state, out.hidden_states[-1], _pad(keep_t, device),
+            if root_in_cache:  # the root is committed already; slot s > 0 is block entry s - 1
+                keep_block = [[i - 1 for i in k[1:]] for k in keep_t]
+                counts_block = [max(c - 1, 0) for c in counts_t]
+            else:
+                keep_block, counts_block = keep_t, counts_t
+            if target_state.num_block > 0:
+                target_state.commit(_pad(keep_block, device), torch.tensor(counts_block, device=device),
+                                    _is_block_prefix(keep_block, counts_block, self._aligned(target_state)))
+            if wants_hidden and step_hidden is not None and draft_state is not None and self.drafter is not None:
+                self.drafter.observe_target(draft_state, step_hidden, _pad(keep_t, device),
                                             torch.tensor(counts_t, device=device))
             if draft_state is not None and self.drafter is not None and self.drafter.num_block(draft_state) > 0:
                 self.drafter.commit(draft_state, _pad(keep_d, device), torch.tensor(counts_d, device=device),
@@ -386,7 +419,8 @@ class SpeculativeDecoder:
         metrics.wall_s = time.perf_counter() - start
         metrics.ttft_s = first_token_time or 0.0
         metrics.generated_tokens = sum(len(o) for o in outputs)
-        metrics.target_passes = target_state.passes - (1 if target_state.passes and self._prefilled_target else 0)
+        # one verification per step (the first step's root logits come from the prefill pass)
+        metrics.target_passes = steps
         if draft_state is not None and self.drafter is not None:
             metrics.draft_passes = self.drafter.passes(draft_state) - (1 if self._prefilled_draft else 0)
         metrics.peak_memory_bytes = peak_memory_bytes(device)
@@ -406,35 +440,48 @@ class SpeculativeDecoder:
         return bool((lengths == state.context_size).all().item())
 
     _pending_width = 0
-    _prefilled_target = False
     _prefilled_draft = False
 
-    def _chain_block(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """All but the last token of each prompt as a right-padded chain block."""
-        lengths = [len(p) - 1 for p in prompts]
+    def _chain_block(self, prompts: list[list[int]], drop_last: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Each prompt (all but its last token with ``drop_last``) as a right-padded chain block."""
+        cut = 1 if drop_last else 0
+        lengths = [len(p) - cut for p in prompts]
         width = max(lengths)
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         parents = torch.full((len(prompts), width), -1, dtype=torch.long)
         for b, p in enumerate(prompts):
             if lengths[b] > 0:
-                tokens[b, : lengths[b]] = torch.tensor(p[:-1], dtype=torch.long)
+                tokens[b, : lengths[b]] = torch.tensor(p[: len(p) - cut], dtype=torch.long)
                 parents[b, 1 : lengths[b]] = torch.arange(lengths[b] - 1)
         return tokens.to(self.device), parents.to(self.device), torch.tensor(lengths, device=self.device), width
 
     def _prefill(
         self, state: TreeKVCache, prompts: list[list[int]], hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Prefill the target; with ``hidden``, return ``(hidden [B, W, H], keep [B, W], counts [B])`` of
-        the committed prompt entries for :meth:`Drafter.observe_target` (None when nothing was prefilled)."""
-        tokens, parents, lengths, width = self._chain_block(prompts)
-        self._prefilled_target = width > 0
-        if width > 0:
-            out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=1)
-            keep = torch.arange(width, device=self.device).expand(len(prompts), width)
-            state.commit(keep, lengths)
-            if hidden:
-                return out.hidden_states[-1], keep, lengths
-        return None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+        """Prefill the target with every prompt token and commit them.
+
+        Returns ``(root_logits [B, V], root_hidden [B, 1, H] or None, observe)``: the logits (and, with
+        ``hidden``, the final hidden state) at each prompt's last token, the root of the first step; and
+        ``observe = (hidden [B, W, H], keep [B, W], counts [B])`` of the entries before the root for
+        :meth:`Drafter.observe_target` (None without ``hidden`` or when no prompt has an entry before it).
+        Only the logits from the shortest prompt's root onwards are computed (HF ``logits_to_keep``).
+        """
+        tokens, parents, lengths, width = self._chain_block(prompts, drop_last=False)
+        root_index = lengths - 1  # [B]
+        lowest_root = min(len(p) for p in prompts) - 1
+        out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=width - lowest_root)
+        keep = torch.arange(width, device=self.device).expand(len(prompts), width)
+        state.commit(keep, lengths)
+        rows = torch.arange(len(prompts), device=self.device)
+        root_logits = out.logits[rows, root_index - lowest_root]  # [B, V]
+        if not hidden:
+            return root_logits, None, None
+        states = out.hidden_states[-1]  # [B, W, H]
+        root_hidden = states[rows, root_index].unsqueeze(1)
+        before = root_index  # entries before the root
+        observe = (states, keep, before) if width > 1 else None
+        return root_logits, root_hidden, observe
 
     def _prefill_drafter(self, state: Any, prompts: list[list[int]]) -> None:
         assert self.drafter is not None

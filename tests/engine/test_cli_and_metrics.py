@@ -70,3 +70,20 @@ def test_a_perfect_draft_reaches_the_maximal_block_efficiency_at_batch_size_two(
     assert result.metrics.accepted_length_histogram == [0, 0, 0, 8]
     assert result.metrics.block_efficiency == 4.0 and result.metrics.target_passes == 4
     assert result.metrics.per_depth_acceptance == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("strategy", ["ar", "chain:3", "topk:3,2,6"])
+def test_the_prefill_serves_the_first_step_so_no_pass_is_spent_on_the_last_prompt_token(strategy: str) -> None:
+    from tests.engine.models import hf_greedy
+
+    target = tiny_llama()
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]  # ragged: each row's root logits sit at its own position
+    st = parse_strategy(strategy)
+    decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2) if st.drafts else None, st)
+    result = decoder.generate(prompts, max_new_tokens=10)
+    assert result.tokens == [hf_greedy(target, p, 10) for p in prompts]
+    # HF generate's count: one prefill pass over the whole prompt, then one pass per step after the first
+    # (plain decoding: 10 tokens = 1 prefill + 9 passes)
+    assert decoder.last_target_state.passes == 1 + result.metrics.target_passes - (0 if st.drafts else 1)
+    if not st.drafts:
+        assert result.metrics.target_passes == 10
