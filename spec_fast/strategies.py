@@ -53,8 +53,8 @@ _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
 
-#: The CLI default with a trained draft: among the fastest configurations measured on SmolLM2 with its
-#: default (trained ``rnn``) draft (bench/results/drafts.md).
+#: The CLI default with a trained or retrieval draft: the fastest greedy configuration measured on SmolLM2
+#: with its default (``retrieval``) draft and with the trained ``rnn`` draft (bench/results/drafts.md).
 DEFAULT_STRATEGY = "chain:2"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).

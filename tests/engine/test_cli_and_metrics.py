@@ -30,11 +30,11 @@ def test_bad_cli_arguments_exit_with_a_clear_message(argv: list[str], message: s
 def test_the_parser_defaults_follow_the_documented_conventions() -> None:
     args = build_parser().parse_args(["generate", "hello"])
     assert (args.temperature, args.top_k, args.top_p, args.dtype, args.device) == (0.0, 0, 1.0, "float32", "cpu")
-    assert args.draft is None and args.strategy is None  # resolved by main(): rnn for SmolLM2, else early exit
+    assert args.draft is None and args.strategy is None  # resolved by main(): retrieval for SmolLM2, else early exit
     from spec_fast.cli import DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT
-    from spec_fast.heads import DRAFT_NAMES
+    from spec_fast.heads import DRAFTER_NAMES
 
-    assert DEFAULT_DRAFT in DRAFT_NAMES and DEFAULT_CUSTOM_DRAFT.startswith("early-exit:")
+    assert DEFAULT_DRAFT in DRAFTER_NAMES and DEFAULT_CUSTOM_DRAFT.startswith("early-exit:")
     assert parse_strategy(DEFAULT_STRATEGY).drafts
 
 
