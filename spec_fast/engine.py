@@ -479,8 +479,7 @@ class SpeculativeDecoder:
             return root_logits, None, None
         states = out.hidden_states[-1]  # [B, W, H]
         root_hidden = states[rows, root_index].unsqueeze(1)
-        before = root_index  # entries before the root
-        observe = (states, keep, before) if width > 1 else None
+        observe = (states, keep, root_index) if width > 1 else None  # root_index = entries before the root
         return root_logits, root_hidden, observe
 
     def _prefill_drafter(self, state: Any, prompts: list[list[int]]) -> None:
@@ -711,8 +710,8 @@ class SpeculativeDecoder:
                     tr.entry[u] = base + j
             q = torch.softmax(self.drafter.forward(state, ftoks.to(self.device), fpar.to(self.device)).float(), dim=-1)
             bmax = max(max(p.branch_max, p.branch_mid, p.branch_min) for p in params)
-            top_vals, top_ids = torch.sort(q, dim=-1, descending=True, stable=True)
-            tv, ti = top_vals[..., :bmax].tolist(), top_ids[..., :bmax].tolist()
+            top_vals, top_ids = _topk_lowest_id(q, min(bmax, q.shape[-1]))
+            tv, ti = top_vals.tolist(), top_ids.tolist()
             next_level: list[list[int]] = [[] for _ in range(batch)]
             for b, tr in enumerate(trees):
                 prm = params[b]
@@ -874,9 +873,9 @@ class _AdaptiveController:
 
 
 def _topk_lowest_id(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(q, k)`` over the last dim of ``q [..., V]`` with ties at the cut broken towards the
-    lower token id (``spec_ref``'s ``ranked_tokens`` rule; ``torch.topk`` leaves that unspecified, and
-    retrieval drafts produce exact ties)."""
+    """``torch.topk(q, k)`` over the last dim of ``q [..., V]`` with ties broken towards the lower token id
+    (``spec_ref``'s ``ranked_tokens`` rule; ``torch.topk`` leaves that unspecified, and retrieval drafts
+    produce exact ties): the first ``k`` entries of a stable descending sort, without sorting all of V."""
     kth = torch.topk(q, k, dim=-1).values[..., -1:]
     above = q > kth
     tied = q == kth
