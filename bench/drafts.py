@@ -35,7 +35,8 @@ from spec_fast.strategies import parse_strategy  # noqa: E402
 from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
 
 #: (strategy, sampling verifier); greedy runs use exact greedy verification
-#: short chains and small trees suit this CPU (in an informal timing a target pass over 4+ tokens cost ~1.4x one over 1-3)
+#: short chains and small trees suit this CPU (a target pass over 4+ tokens costs >= 1.5x one over 1-3:
+#: bench/results/target_cost.md)
 STRATEGIES = [("chain:1", "naive"), ("chain:2", "naive"), ("chain:3", "naive"), ("topk:2,2,3", "nss"),
               ("topk:4,2,8", "nss"), ("dynatree", "nss"), ("delayed:2,1,2", "specinfer")]
 SETTINGS = {"greedy": SamplingParams(), "T0.7/top-p0.9": SamplingParams(temperature=0.7, top_p=0.9)}

