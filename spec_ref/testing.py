@@ -96,7 +96,8 @@ class CaseReport:
     ``p_value`` and ``samples``: the chi-square p-value and the sample size (statistical mode; None in exact
     mode); ``worst_outcome``: the outcome with the largest |output - target| probability, with both
     probabilities; ``violation``: a contract violation (token out of range, committed tokens not a draft
-    prefix...), which fails the case on its own.
+    prefix...) or, in statistical mode, an outcome of target probability 0 that was committed; either fails
+    the case on its own.
     """
 
     name: str
@@ -122,7 +123,7 @@ class CaseReport:
             f"  drafts: {self.drafts}",
         ]
         if self.violation is not None:
-            lines.append(f"  contract violation: {self.violation}")
+            lines.append(f"  violation: {self.violation}")
         elif self.worst_outcome is not None:
             lines.append(
                 f"  largest gap at outcome {self.worst_outcome}: verifier {self.output_probability:.6g}, "
@@ -586,7 +587,9 @@ def _statistical_case(
 ) -> tuple[CaseReport, float]:
     expected = np.zeros(case.cells)
     for cell, mass in case.target_law.items():
-        expected[cast(int, cell)] = float(mass)
+        # An outcome of positive but float-underflowing probability (products of 2^-1000) is not a support
+        # violation: keep it positive, the pooling merges it with other small cells.
+        expected[cast(int, cell)] = max(float(mass), float(np.finfo(np.float64).smallest_subnormal))
     df_bound = max(int(np.count_nonzero(expected)) - 1, 1)
     samples = settings.samples or samples_for_power(df_bound, settings.tv, alpha_case, settings.power)
     kit = _GeneratorDraws(np.random.default_rng([settings.seed, index, 0]))
