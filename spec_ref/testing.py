@@ -79,7 +79,7 @@ Table = dict[tuple[int, ...], Array]
 
 #: ``rng.integers(n)`` is refused above this ``n`` in exact mode (each value is a branch).
 MAX_INTEGERS_BRANCHES = 10_000
-#: Statistical mode refuses cases with more outcome cells than this.
+#: Chain and tree checks refuse vocabularies and lengths with more blocks of L + 1 tokens than this.
 MAX_CELLS = 1_000_000
 
 
@@ -375,6 +375,31 @@ def _encode(tokens: Sequence[int], vocab_size: int) -> int:
     return index
 
 
+def _block_law(
+    row_of: Callable[[tuple[int, ...]], list[Fraction]], length: int, vocab_size: int
+) -> dict[Outcome, Fraction]:
+    """The autoregressive law prod_i row_of(y_<i)[y_i] of blocks of ``length`` tokens, over positive cells only."""
+    law: dict[Outcome, Fraction] = {}
+    stack: list[tuple[tuple[int, ...], Fraction]] = [((), Fraction(1))]
+    while stack:
+        prefix, mass = stack.pop()
+        if len(prefix) == length:
+            law[_encode(prefix, vocab_size)] = mass
+            continue
+        for token, weight in enumerate(row_of(prefix)):
+            if weight > 0:
+                stack.append((prefix + (token,), mass * weight))
+    return law
+
+
+def _block_cells(vocab_size: int, length: int, length_name: str) -> None:
+    if vocab_size ** (length + 1) > MAX_CELLS:
+        raise ValueError(
+            f"vocab_size={vocab_size} and {length_name}={length} give vocab_size ** ({length_name} + 1) = "
+            f"{vocab_size ** (length + 1)} blocks, more than the {MAX_CELLS} this check compares"
+        )
+
+
 def _token_cases(vocab_size: int, num_drafts: int, settings: _Settings) -> list[_Case]:
     drafts = f"{num_drafts} i.i.d. draws from draft_probs, in draw order"
     out = []
@@ -399,11 +424,7 @@ def _chain_cases(vocab_size: int, draft_length: int, settings: _Settings) -> lis
         p = _stack([pq[0] for pq in pairs])
         q = _stack([pq[1] for pq in pairs[:length]])
         rows = [_exact_pmf(row) for row in p]
-        law: dict[Outcome, Fraction] = {}
-        for seq in np.ndindex(*([vocab_size] * (length + 1))):
-            mass = math.prod((rows[i][t] for i, t in enumerate(seq)), start=Fraction(1))
-            if mass > 0:
-                law[_encode(seq, vocab_size)] = mass
+        law = _block_law(lambda prefix: rows[len(prefix)], length + 1, vocab_size)
 
         def run(fn: Any, source: RandomSource, p: Array = p, q: Array = q) -> Outcome:
             draft_tokens = tuple(source.categorical(q[i]) for i in range(length))
@@ -433,11 +454,7 @@ def _tree_cases(vocab_size: int, num_paths: int, depth: int, settings: _Settings
         target: Table = {prefix: pq[0] for prefix, pq in zip(all_prefixes, pairs)}
         draft: Table = {prefix: pq[1] for prefix, pq in zip(all_prefixes, pairs) if len(prefix) < depth}
         rows = {prefix: _exact_pmf(row) for prefix, row in target.items()}
-        law: dict[Outcome, Fraction] = {}
-        for seq in np.ndindex(*([vocab_size] * (depth + 1))):
-            mass = math.prod((rows[seq[:i]][t] for i, t in enumerate(seq)), start=Fraction(1))
-            if mass > 0:
-                law[_encode(seq, vocab_size)] = mass
+        law = _block_law(lambda prefix: rows[prefix], depth + 1, vocab_size)
         target_model = _table_model(target, "target_model")
         draft_model = _table_model(draft, "draft_model")
 
@@ -637,9 +654,6 @@ def _check(check: str, fn: Any, cases: list[_Case], settings: _Settings, vocab_s
         tv = 0.0 if settings.arithmetic == "fraction" else settings.tolerance
         return VerifierReport(check, _name(fn), "exact", settings.arithmetic, all(r.lossless for r in reports),
                               worst, tuple(reports), 0.0, 1.0, tv, 0)
-    too_big = [c for c in cases if c.cells > MAX_CELLS]
-    if too_big:
-        raise ValueError(f"statistical mode supports at most {MAX_CELLS} outcome cells, a case has {too_big[0].cells}")
     alpha_case = settings.alpha / len(cases)
     results = [_statistical_case(c, fn, settings, vocab_size, alpha_case, i) for i, c in enumerate(cases)]
     reports = [r for r, _ in results]
@@ -706,6 +720,7 @@ def check_chain_verifier(
     settings = _settings(fn, mode, arithmetic, alpha, power, tv, samples, random_cases, seed, tolerance, max_paths)
     vocab = _int_argument("vocab_size", vocab_size, 1)
     length = _int_argument("draft_length", draft_length, 1)
+    _block_cells(vocab, length, "draft_length")
     return _check("check_chain_verifier", fn, _chain_cases(vocab, length, settings), settings, vocab)
 
 
@@ -737,6 +752,7 @@ def check_tree_verifier(
     vocab = _int_argument("vocab_size", vocab_size, 1)
     paths = _int_argument("num_paths", num_paths, 1)
     length = _int_argument("depth", depth, 1)
+    _block_cells(vocab, length, "depth")
     return _check("check_tree_verifier", fn, _tree_cases(vocab, paths, length, settings), settings, vocab)
 
 

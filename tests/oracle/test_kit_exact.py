@@ -184,6 +184,10 @@ def test_bad_shape_arguments_of_chain_and_tree_checks_and_a_non_callable_fn() ->
         check_tree_verifier(tree_from_step(naive_step), vocab_size=3, num_paths=1, depth=-1)
     with pytest.raises(ValueError, match="fn must be callable"):
         check_token_verifier("naive", vocab_size=3, num_drafts=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"vocab_size=1000 and draft_length=2 give .* 1000000000 blocks"):
+        check_chain_verifier(chain_from_step(naive_step), vocab_size=1000, draft_length=2, mode="statistical")
+    with pytest.raises(ValueError, match=r"vocab_size=100 and depth=3"):
+        check_tree_verifier(tree_from_step(naive_step), vocab_size=100, num_paths=1, depth=3)
     with pytest.raises(ValueError, match="max_paths=5 is too small"):
         check_token_verifier(naive_step, vocab_size=3, num_drafts=2, max_paths=5)
 
