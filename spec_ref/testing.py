@@ -45,17 +45,15 @@ raises ``AssertionError`` with the report's text when the verifier is not lossle
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, Literal, cast
+from functools import partial
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from spec_ref import _cases
-from spec_ref._sampling import inverse_cdf
 from spec_ref.goodness_of_fit import chi2_gof, power_at, samples_for_power
 from spec_ref.rng import RandomSource, exact_law
 from spec_ref.tree import DraftTree
@@ -75,12 +73,9 @@ Mode = Literal["exact", "statistical"]
 Arithmetic = Literal["fraction", "float"]
 Outcome = Hashable
 Array = npt.NDArray[Any]
-Table = dict[tuple[int, ...], Array]
 
 #: ``rng.integers(n)`` is refused above this ``n`` in exact mode (each value is a branch).
 MAX_INTEGERS_BRANCHES = 10_000
-#: Chain and tree checks refuse vocabularies and lengths with more blocks of L + 1 tokens than this.
-MAX_CELLS = 1_000_000
 
 
 # ========================================================================================================
@@ -165,7 +160,9 @@ class VerifierReport:
         )
         if self.mode == "exact":
             rates = "exact enumeration: alpha 0, power 1" + (
-                f" (total variation tolerance {self.tv:g})" if self.arithmetic == "float" else " (laws compared with ==)"
+                f" (total variation tolerance {self.tv:g})"
+                if self.arithmetic == "float"
+                else " (laws compared with ==)"
             )
         else:
             rates = (
@@ -217,6 +214,10 @@ class _Settings:
     tolerance: float
     max_paths: int
 
+    @property
+    def cases(self) -> _cases.CaseSettings:
+        return _cases.CaseSettings(self.seed, self.arithmetic == "fraction", self.random_cases)
+
 
 def _settings(
     fn: Any, mode: Any, arithmetic: Any, alpha: Any, power: Any, tv: Any, samples: Any, random_cases: Any,
@@ -254,10 +255,6 @@ class _NotInProtocol(AttributeError):
     pass
 
 
-class _ContractViolation(Exception):
-    pass
-
-
 class _ProtocolOnlySource:
     """Forwards the RNG protocol to the enumerator and refuses anything else with a helpful message."""
 
@@ -287,214 +284,6 @@ class _ProtocolOnlySource:
         raise _NotInProtocol(f"rng.{name} is not part of the spec_ref RNG protocol")
 
 
-# ========================================================================================================
-# Cases
-# ========================================================================================================
-@dataclass(frozen=True)
-class _Case:
-    """One case: the inputs handed to fn, the target law over outcomes (exact Fractions), and how to run it."""
-
-    name: str
-    target_probs: Any
-    draft_probs: Any
-    drafts: str
-    target_law: dict[Outcome, Fraction]
-    run: Callable[[Any, RandomSource], Outcome]  # (fn, source) -> outcome, drafts drawn from source
-    cells: int  # outcomes are ints in [0, cells): a token, or an extended block in base V
-    length: int | None  # None: the outcome is a token; else the extended block's length
-
-
-def _exact_pmf(row: Array) -> list[Fraction]:
-    """The exact rational law of a probability row as handed to fn (normalised: float rows may not sum to 1)."""
-    values = [Fraction(x) for x in np.asarray(row).reshape(-1).tolist()]
-    total = sum(values, Fraction(0))
-    return [v / total for v in values]
-
-
-def _pairs(vocab_size: int, count: int, settings: _Settings, family: str, salt: int) -> list[tuple[Array, Array]]:
-    """``count`` (p, q) pairs of ``family`` (``"mixed"``: a different adversarial family per pair)."""
-    generator = np.random.default_rng([settings.seed, salt])
-    out = []
-    for i in range(count):
-        fam = _cases.ADVERSARIAL_FAMILIES[i % len(_cases.ADVERSARIAL_FAMILIES)] if family == "mixed" else family
-        p_weights = _cases.random_weights(generator, vocab_size)
-        q_weights = _cases.random_weights(generator, vocab_size)
-        p, q = _cases.family_pair(fam, p_weights, q_weights, int(generator.integers(0, 1 << 30)))
-        fraction = settings.arithmetic == "fraction"
-        out.append((_cases.as_array(p, fraction), _cases.as_array(q, fraction)))
-    return out
-
-
-def _case_families(settings: _Settings, rows: int) -> list[tuple[str, str, int]]:
-    """(case name, family, salt): every adversarial family, a mixed one when a case has several rows, and the
-    seeded random cases."""
-    names = [(f, f, i) for i, f in enumerate(_cases.ADVERSARIAL_FAMILIES)]
-    if rows > 1:
-        names.append(("mixed", "mixed", len(names)))
-    base = len(names)
-    names += [(f"random_{i}", "random", base + i) for i in range(settings.random_cases)]
-    return names
-
-
-def _stack(rows: Sequence[Array]) -> Array:
-    array = np.stack(list(rows))
-    array.setflags(write=False)
-    return array
-
-
-def _token_of(value: Any, vocab_size: int, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise _ContractViolation(f"{what} is a bool ({value!r}), not a token id")
-    try:
-        token = operator.index(value)
-    except TypeError:
-        item = getattr(value, "item", None)
-        token = item() if callable(item) and getattr(value, "size", 1) in (1, None) else value
-        if not isinstance(token, (int, np.integer)) or isinstance(token, bool):
-            raise _ContractViolation(f"{what} must be an int token id, got {value!r}") from None
-    if not 0 <= token < vocab_size:
-        raise _ContractViolation(f"{what}={token} is outside [0, {vocab_size})")
-    return int(token)
-
-
-def _tokens_of(value: Any, vocab_size: int, max_length: int) -> tuple[int, ...]:
-    value = getattr(value, "tokens", value)
-    try:
-        flat = np.asarray(value).reshape(-1).tolist()
-    except (TypeError, ValueError) as error:
-        raise _ContractViolation(f"fn must return a sequence of token ids, got {value!r}") from error
-    if not 1 <= len(flat) <= max_length:
-        raise _ContractViolation(f"fn committed {len(flat)} tokens {flat}; it must commit 1..{max_length}")
-    return tuple(_token_of(t, vocab_size, f"committed token {i}") for i, t in enumerate(flat))
-
-
-def _encode(tokens: Sequence[int], vocab_size: int) -> int:
-    index = 0
-    for t in tokens:
-        index = index * vocab_size + t
-    return index
-
-
-def _block_law(
-    row_of: Callable[[tuple[int, ...]], list[Fraction]], length: int, vocab_size: int
-) -> dict[Outcome, Fraction]:
-    """The autoregressive law prod_i row_of(y_<i)[y_i] of blocks of ``length`` tokens, over positive cells only."""
-    law: dict[Outcome, Fraction] = {}
-    stack: list[tuple[tuple[int, ...], Fraction]] = [((), Fraction(1))]
-    while stack:
-        prefix, mass = stack.pop()
-        if len(prefix) == length:
-            law[_encode(prefix, vocab_size)] = mass
-            continue
-        for token, weight in enumerate(row_of(prefix)):
-            if weight > 0:
-                stack.append((prefix + (token,), mass * weight))
-    return law
-
-
-def _block_cells(vocab_size: int, length: int, length_name: str) -> None:
-    if vocab_size ** (length + 1) > MAX_CELLS:
-        raise ValueError(
-            f"vocab_size={vocab_size} and {length_name}={length} give vocab_size ** ({length_name} + 1) = "
-            f"{vocab_size ** (length + 1)} blocks, more than the {MAX_CELLS} this check compares"
-        )
-
-
-def _token_cases(vocab_size: int, num_drafts: int, settings: _Settings) -> list[_Case]:
-    drafts = f"{num_drafts} i.i.d. draws from draft_probs, in draw order"
-    out = []
-    for name, family, salt in _case_families(settings, 1):
-        ((p, q),) = _pairs(vocab_size, 1, settings, family, salt)
-        law: dict[Outcome, Fraction] = {y: w for y, w in enumerate(_exact_pmf(p)) if w > 0}
-
-        def run(fn: Any, source: RandomSource, p: Array = p, q: Array = q) -> Outcome:
-            tokens = tuple(source.categorical(q) for _ in range(num_drafts))
-            return _token_of(fn(p, q, tokens, source), vocab_size, "the returned token")
-
-        out.append(_Case(name, p, q, drafts, law, run, vocab_size, None))
-    return out
-
-
-def _chain_cases(vocab_size: int, draft_length: int, settings: _Settings) -> list[_Case]:
-    length = draft_length
-    drafts = f"draft_tokens[i] ~ draft_probs[i] independently, i < {length}"
-    out = []
-    for name, family, salt in _case_families(settings, length + 1):
-        pairs = _pairs(vocab_size, length + 1, settings, family, salt)
-        p = _stack([pq[0] for pq in pairs])
-        q = _stack([pq[1] for pq in pairs[:length]])
-        rows = [_exact_pmf(row) for row in p]
-        law = _block_law(lambda prefix: rows[len(prefix)], length + 1, vocab_size)
-
-        def run(fn: Any, source: RandomSource, p: Array = p, q: Array = q) -> Outcome:
-            draft_tokens = tuple(source.categorical(q[i]) for i in range(length))
-            tokens = _tokens_of(fn(p, q, draft_tokens, source), vocab_size, length + 1)
-            if tokens[:-1] != draft_tokens[: len(tokens) - 1]:
-                raise _ContractViolation(
-                    f"committed tokens {tokens} do not start with the accepted drafts of {draft_tokens}"
-                )
-            extended = list(tokens)
-            while len(extended) < length + 1:
-                extended.append(source.categorical(p[len(extended)]))
-            return _encode(extended, vocab_size)
-
-        out.append(_Case(name, p, q, drafts, law, run, vocab_size ** (length + 1), length + 1))
-    return out
-
-
-def _tree_cases(vocab_size: int, num_paths: int, depth: int, settings: _Settings) -> list[_Case]:
-    drafts = (
-        f"{num_paths} i.i.d. paths of {depth} tokens, each token ~ draft_probs[prefix], merged with "
-        "DraftTree.from_paths"
-    )
-    all_prefixes = _cases.prefixes(vocab_size, depth)
-    out = []
-    for name, family, salt in _case_families(settings, len(all_prefixes)):
-        pairs = _pairs(vocab_size, len(all_prefixes), settings, family, salt)
-        target: Table = {prefix: pq[0] for prefix, pq in zip(all_prefixes, pairs)}
-        draft: Table = {prefix: pq[1] for prefix, pq in zip(all_prefixes, pairs) if len(prefix) < depth}
-        rows = {prefix: _exact_pmf(row) for prefix, row in target.items()}
-        law = _block_law(lambda prefix: rows[prefix], depth + 1, vocab_size)
-        target_model = _table_model(target, "target_model")
-        draft_model = _table_model(draft, "draft_model")
-
-        def run(
-            fn: Any, source: RandomSource, target: Table = target, draft: Table = draft,
-            target_model: Callable[[tuple[int, ...]], Array] = target_model,
-            draft_model: Callable[[tuple[int, ...]], Array] = draft_model,
-        ) -> Outcome:
-            paths = []
-            for _ in range(num_paths):
-                prefix: tuple[int, ...] = ()
-                for _ in range(depth):
-                    prefix = prefix + (source.categorical(draft[prefix]),)
-                paths.append(prefix)
-            tree = DraftTree.from_paths(paths, draft_model)
-            tokens = _tokens_of(fn(tree, target_model, source), vocab_size, depth + 1)
-            node = 0
-            for t in tokens[:-1]:
-                child = tree.child(node, t)
-                if child is None:
-                    raise _ContractViolation(f"committed tokens {tokens} are not a root path of {tree} plus one token")
-                node = child
-            extended = tokens
-            while len(extended) < depth + 1:
-                extended = extended + (source.categorical(target[extended]),)
-            return _encode(extended, vocab_size)
-
-        out.append(_Case(name, target, draft, drafts, law, run, vocab_size ** (depth + 1), depth + 1))
-    return out
-
-
-def _table_model(table: Table, name: str) -> Callable[[tuple[int, ...]], Array]:
-    def model(prefix: tuple[int, ...]) -> Array:
-        key = tuple(int(t) for t in prefix)
-        if key not in table:
-            raise _ContractViolation(f"{name} was asked for prefix {key}, which is not a node of any drafted tree")
-        return table[key]
-
-    return model
-
 
 # ========================================================================================================
 # The two modes
@@ -511,7 +300,7 @@ def _gap(law: Mapping[Outcome, Any], target: Mapping[Outcome, Any]) -> tuple[Any
     return total / 2, worst
 
 
-def _decode(outcome: Outcome | None, case: _Case, vocab_size: int) -> Outcome | None:
+def _decode(outcome: Outcome | None, case: _cases.Case, vocab_size: int) -> Outcome | None:
     """A cell index back to its outcome: the token, or the extended block as a tuple."""
     if outcome is None or case.length is None:
         return outcome
@@ -522,7 +311,7 @@ def _decode(outcome: Outcome | None, case: _Case, vocab_size: int) -> Outcome | 
     return tuple(reversed(tokens))
 
 
-def _exact_case(case: _Case, fn: Any, settings: _Settings, vocab_size: int, first: bool) -> CaseReport:
+def _exact_case(case: _cases.Case, fn: Any, settings: _Settings, vocab_size: int, first: bool) -> CaseReport:
     def outcome(source: RandomSource) -> Outcome:
         return case.run(fn, _ProtocolOnlySource(source))
 
@@ -533,7 +322,7 @@ def _exact_case(case: _Case, fn: Any, settings: _Settings, vocab_size: int, firs
                 f"fn={_name(fn)} gave two different output laws for the same case {case.name!r}: it draws "
                 "randomness outside rng; exact mode needs all of it from rng (else use mode='statistical')"
             )
-    except _ContractViolation as error:
+    except _cases.ContractViolation as error:
         return CaseReport(case.name, case.target_probs, case.draft_probs, case.drafts, False, math.nan, None, None,
                           None, math.nan, math.nan, str(error))
     except _NotInProtocol as error:
@@ -565,42 +354,8 @@ def _exact_case(case: _Case, fn: Any, settings: _Settings, vocab_size: int, firs
     )
 
 
-class _GeneratorDraws:
-    """The check's own randomness in statistical mode (drafts, extensions), separate from fn's generator.
-
-    It implements the RNG protocol on a block of pre-drawn uniforms, so the case's ``run`` is shared with
-    exact mode; fn itself is called with a plain ``numpy.random.Generator``.
-    """
-
-    def __init__(self, generator: np.random.Generator, block: int = 1 << 16) -> None:
-        self.generator = generator
-        self.block = block
-        self.buffer = generator.random(block)
-        self.position = 0
-
-    def uniform(self) -> float:
-        if self.position == self.block:
-            self.buffer = self.generator.random(self.block)
-            self.position = 0
-        value = float(self.buffer[self.position])
-        self.position += 1
-        return value
-
-    def bernoulli(self, probability: Any) -> bool:
-        return bool(self.uniform() < probability)
-
-    def categorical(self, weights: Any) -> int:
-        return inverse_cdf(weights, self.uniform())
-
-    def integers(self, n: int) -> int:
-        return min(int(self.uniform() * n), n - 1)
-
-    def substream(self, index: int) -> _GeneratorDraws:
-        return self
-
-
 def _statistical_case(
-    case: _Case, fn: Any, settings: _Settings, vocab_size: int, alpha_case: float, index: int
+    case: _cases.Case, fn: Any, settings: _Settings, vocab_size: int, alpha_case: float, index: int
 ) -> tuple[CaseReport, float]:
     expected = np.zeros(case.cells)
     for cell, mass in case.target_law.items():
@@ -609,7 +364,7 @@ def _statistical_case(
         expected[cast(int, cell)] = max(float(mass), float(np.finfo(np.float64).smallest_subnormal))
     df_bound = max(int(np.count_nonzero(expected)) - 1, 1)
     samples = settings.samples or samples_for_power(df_bound, settings.tv, alpha_case, settings.power)
-    kit = _GeneratorDraws(np.random.default_rng([settings.seed, index, 0]))
+    kit = _cases.GeneratorDraws(np.random.default_rng([settings.seed, index, 0]))
     generator = np.random.default_rng([settings.seed, index, 1])
     counts = np.zeros(case.cells)
 
@@ -619,7 +374,7 @@ def _statistical_case(
     try:
         for _ in range(samples):
             counts[cast(int, case.run(fn_with_generator, kit))] += 1
-    except _ContractViolation as error:
+    except _cases.ContractViolation as error:
         report = CaseReport(case.name, case.target_probs, case.draft_probs, case.drafts, False, math.nan, 0.0,
                             samples, None, math.nan, math.nan, str(error))
         return report, 0.0
@@ -647,15 +402,37 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
 
 
-def _check(check: str, fn: Any, cases: list[_Case], settings: _Settings, vocab_size: int) -> VerifierReport:
+_Result = TypeVar("_Result")
+
+
+def _noting_case(case: _cases.Case, run: Callable[[], _Result]) -> _Result:
+    """Run one case; an exception escaping from fn gets a note naming the case and its inputs."""
+    try:
+        return run()
+    except Exception as error:
+        if hasattr(error, "add_note"):  # Python >= 3.11
+            error.add_note(
+                f"while checking case {case.name!r}: target_probs = {_show(case.target_probs)}, "
+                f"draft_probs = {_show(case.draft_probs)}"
+            )
+        raise
+
+
+def _check(check: str, fn: Any, cases: list[_cases.Case], settings: _Settings, vocab_size: int) -> VerifierReport:
     if settings.mode == "exact":
-        reports = [_exact_case(case, fn, settings, vocab_size, i == 0) for i, case in enumerate(cases)]
+        reports = [
+            _noting_case(case, partial(_exact_case, case, fn, settings, vocab_size, i == 0))
+            for i, case in enumerate(cases)
+        ]
         worst = max(reports, key=lambda r: (r.violation is not None, r.total_variation))
         tv = 0.0 if settings.arithmetic == "fraction" else settings.tolerance
         return VerifierReport(check, _name(fn), "exact", settings.arithmetic, all(r.lossless for r in reports),
                               worst, tuple(reports), 0.0, 1.0, tv, 0)
     alpha_case = settings.alpha / len(cases)
-    results = [_statistical_case(c, fn, settings, vocab_size, alpha_case, i) for i, c in enumerate(cases)]
+    results = [
+        _noting_case(c, partial(_statistical_case, c, fn, settings, vocab_size, alpha_case, i))
+        for i, c in enumerate(cases)
+    ]
     reports = [r for r, _ in results]
     worst = min(reports, key=lambda r: (r.violation is None, r.p_value if r.p_value is not None else 1.0))
     return VerifierReport(
@@ -693,7 +470,7 @@ def check_token_verifier(
     settings = _settings(fn, mode, arithmetic, alpha, power, tv, samples, random_cases, seed, tolerance, max_paths)
     vocab = _int_argument("vocab_size", vocab_size, 1)
     k = _int_argument("num_drafts", num_drafts, 1)
-    return _check("check_token_verifier", fn, _token_cases(vocab, k, settings), settings, vocab)
+    return _check("check_token_verifier", fn, _cases.token_cases(vocab, k, settings.cases), settings, vocab)
 
 
 def check_chain_verifier(
@@ -720,8 +497,8 @@ def check_chain_verifier(
     settings = _settings(fn, mode, arithmetic, alpha, power, tv, samples, random_cases, seed, tolerance, max_paths)
     vocab = _int_argument("vocab_size", vocab_size, 1)
     length = _int_argument("draft_length", draft_length, 1)
-    _block_cells(vocab, length, "draft_length")
-    return _check("check_chain_verifier", fn, _chain_cases(vocab, length, settings), settings, vocab)
+    _cases.block_cells(vocab, length, "draft_length")
+    return _check("check_chain_verifier", fn, _cases.chain_cases(vocab, length, settings.cases), settings, vocab)
 
 
 def check_tree_verifier(
@@ -752,8 +529,8 @@ def check_tree_verifier(
     vocab = _int_argument("vocab_size", vocab_size, 1)
     paths = _int_argument("num_paths", num_paths, 1)
     length = _int_argument("depth", depth, 1)
-    _block_cells(vocab, length, "depth")
-    return _check("check_tree_verifier", fn, _tree_cases(vocab, paths, length, settings), settings, vocab)
+    _cases.block_cells(vocab, length, "depth")
+    return _check("check_tree_verifier", fn, _cases.tree_cases(vocab, paths, length, settings.cases), settings, vocab)
 
 
 def _raise_unless_lossless(report: VerifierReport) -> VerifierReport:

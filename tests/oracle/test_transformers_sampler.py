@@ -1,7 +1,8 @@
 """Hugging Face transformers' assisted-generation sampler through the README's adapter (``pytest -m statistical``).
 
 ``_speculative_sampling`` draws from torch's global generator, so the check is statistical: a chi-square per
-case at alpha = 1e-6 for the whole check, sample sizes for power 0.99 against total variation >= 0.2 (the README's settings).
+case at alpha = 1e-6 for the whole check, sample sizes for power 0.99 against total variation >= 0.2 (the
+README's settings).
 Negative control: the same adapter with the target and draft logits swapped (the ratio upside down and the
 residual (q - p)+). Its exact law, from a spec_ref-protocol transcription of exactly that computation, is at
 TV >= 0.2 on some case, which certifies the stated power against it, and the same statistical check must
