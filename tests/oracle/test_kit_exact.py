@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from spec_ref import SOLVERS, exact_law, verify
 from spec_ref import strategies as kit_strategies
+from spec_ref.goodness_of_fit import power_at, required_noncentrality, samples_for_power
 from spec_ref.testing import (
     VerifierReport,
     assert_chain_verifier,
@@ -222,3 +223,18 @@ def test_pair_strategy_families_are_valid_laws_and_the_naive_step_is_lossless_on
 @given(kit_strategies.probability_vector(max_size=16))
 def test_float_probability_vectors_are_normalised_and_finite(p: Any) -> None:
     assert np.all(np.isfinite(p)) and np.all(p >= 0) and abs(p.sum() - 1) < 1e-12 and p.max() > 0
+
+
+# ----- the power analysis behind statistical mode --------------------------------------------------------
+@pytest.mark.parametrize(("df", "lam"), [(3, 59.5), (7, 68.5), (15, 80.8), (63, 121.8)])
+def test_required_noncentrality_matches_the_table_of_the_test_plan(df: int, lam: float) -> None:
+    # docs/testing.md section 4.4: lambda needed for power 0.99 at alpha = 1e-6.
+    assert required_noncentrality(df, 1e-6, 0.99) == pytest.approx(lam, abs=0.1)
+
+
+@pytest.mark.parametrize(("df", "tv"), [(3, 0.05), (7, 0.05), (26, 0.1), (63, 0.01)])
+def test_samples_for_power_give_the_stated_power_and_no_more_samples_than_needed(df: int, tv: float) -> None:
+    n = samples_for_power(df, tv, 1e-6, 0.99)
+    assert power_at(n, df, tv, 1e-6) >= 0.99 > power_at(n - 1, df, tv, 1e-6)
+    if (df, tv) == (7, 0.05):
+        assert 6800 <= n <= 6900  # the test plan's "6.9 k samples at TV 0.05, df 7"
