@@ -28,7 +28,8 @@ Two modes:
   enumerates every random branch with :func:`spec_ref.exact_law` and compares the exact output law with the
   target law: with ``arithmetic="fraction"`` (default) ``fn`` receives ``object`` arrays of
   :class:`fractions.Fraction` and the laws must be equal (``==``); with ``arithmetic="float"`` it receives
-  ``float64`` arrays and the total variation must be at most ``tolerance``. No false positives, no misses.
+  ``float64`` arrays and the total variation must be at most ``tolerance``. On the cases checked there are
+  no false alarms and no misses.
 * ``mode="statistical"``: ``fn`` receives a ``numpy.random.Generator`` (seeded from ``seed``) and ``float64``
   arrays. Each case is a Pearson chi-square test (cells pooled to expected count >= 20, plus the exact
   support check) at level ``alpha / number of cases``, so a lossless verifier fails the whole check with
@@ -282,7 +283,6 @@ class _ProtocolOnlySource:
 
     def __getattr__(self, name: str) -> Any:
         raise _NotInProtocol(f"rng.{name} is not part of the spec_ref RNG protocol")
-
 
 
 # ========================================================================================================
