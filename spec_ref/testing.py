@@ -180,8 +180,12 @@ def _show(value: Any) -> str:
         return "{" + shown + (f", ... ({len(items)} prefixes)" if len(items) > 4 else "") + "}"
     array = np.asarray(value)
     if array.dtype == object:
-        return str(np.vectorize(str, otypes=[object])(array).tolist()).replace("'", "")
-    return np.array2string(array, precision=6, separator=", ")
+        if array.size <= 32:
+            return str(np.vectorize(str, otypes=[object])(array).tolist()).replace("'", "")
+        flat = [str(x) for x in array.reshape(-1)[:16]]
+        shown = ", ".join(flat) + (f", ... ({array.size} entries)" if array.size > 16 else "")
+        return f"[{shown}]" if array.ndim == 1 else f"{array.shape} array [{shown}]"
+    return np.array2string(array, precision=6, separator=", ", threshold=32, edgeitems=8)
 
 
 # ========================================================================================================
@@ -369,7 +373,15 @@ def _statistical_case(
     counts = np.zeros(case.cells)
 
     def fn_with_generator(*args: Any) -> Any:
-        return fn(*args[:-1], generator)
+        try:
+            return fn(*args[:-1], generator)
+        except AttributeError as error:
+            if getattr(error, "obj", None) is generator and hasattr(error, "add_note"):
+                error.add_note(
+                    f"statistical mode hands fn a numpy.random.Generator; fn={_name(fn)} uses the spec_ref RNG "
+                    "protocol: use mode='exact', or wrap the generator in spec_ref.GeneratorSource inside fn"
+                )
+            raise
 
     try:
         for _ in range(samples):
