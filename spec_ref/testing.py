@@ -37,6 +37,9 @@ Two modes:
   the test has power at least ``power`` (default 0.99) against every output law at total variation >= ``tv``
   (default 0.05) from the target on the pooled cells (:func:`spec_ref.goodness_of_fit.samples_for_power`).
 
+The arrays handed to ``fn`` are read-only (a verifier that writes into its inputs fails loudly), and an
+exception escaping from ``fn`` carries a note naming the case and its inputs.
+
 Each check returns a frozen :class:`VerifierReport` (``lossless``, the ``worst`` case with its p, q, drafts,
 total variation, p-value and samples, and ``alpha``, ``power``, ``tv``); each has an ``assert_*`` twin that
 raises ``AssertionError`` with the report's text when the verifier is not lossless. Bad arguments raise
