@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: strict type checks, then every test (exact, property, differential, engine, proofs
 # runner and the `statistical` Monte Carlo tests). CI=true selects the derandomized Hypothesis profile.
+# Then `pytest -m statistical` once more in a numpy-only virtual environment (scripts/test_numpy_only.sh):
+# spec_ref and its tests must not need torch. Set NUMPY_ONLY=0 to skip that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m mypy --strict spec_ref spec_fast
 "$PYTHON" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+if [ "${NUMPY_ONLY:-1}" != "0" ]; then
+    PYTHON="$PYTHON" bash scripts/test_numpy_only.sh
+fi
