@@ -9,7 +9,7 @@ Every ``*.py`` and ``*.md`` file outside ``docs/`` (and outside hidden and build
 
 * the external algorithm specification -> ``docs/algorithms.md`` and the external test plan ->
   ``docs/testing.md``, same section numbers. A bare number or a section sign after the name becomes
-  ``section N``; the test plan's ``0.N`` (item N of its section 0) becomes ``section 0, item N``; its
+  ``section N``; the test plan's ``0.N`` (item N of its section 0) becomes ``section 0 (item N)``; its
   ``layer A1``..``E`` and ``C2``-style item names gain the subsection they live in (4.1 .. 4.5);
 * seed-file paths (``seeds/00N`` with or without the hash suffix and ``.txt``) -> ``seed 00N``; the first
   one in each file also points to ``docs/papers.md``, which describes the four seeds;
@@ -82,11 +82,14 @@ class Rewriter:
             word = m["word"] or ""
             num = m["num"]
             if m["name"] == "TESTING" and re.fullmatch(r"0\.\d+", num):
-                return f"{head}{sep}section 0, item {num.split('.')[1]}"
+                plural = "sections" if word.startswith("sections") else "section"
+                return f"{head}{sep}{plural} 0 (item {num.split('.')[1]})"
             if word.startswith("section"):
                 return f"{head}{sep}{word}{num}"
             return f"{head}{sep}section {num}"
         if m["layer"] is not None:
+            if re.match(r",?[ \t]+sections?[ \t]+\d", m.string[m.end():]):  # the section is already named
+                return f"{head}{sep}{m['layer']}"
             return f"{head}{sep}section {_LAYER_SECTION[m['letter']]}, {m['layer']}"
         if m["item"] is not None:
             return f"{head}{sep}section {_LAYER_SECTION[m['iletter']]} ({m['item']})"
