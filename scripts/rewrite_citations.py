@@ -98,7 +98,7 @@ class Rewriter:
     def _seed(self, m: re.Match[str]) -> str:
         self.counts["seed"] += 1
         opened, closed = m["open"], m["close"]
-        if opened and closed:  # `seeds/002` -> seed 002 (the backticks only marked a path)
+        if opened and closed:  # a backticked path becomes plain "seed 00N" (the backticks only marked a path)
             opened = closed = ""
         text = f"seed {m['num']}"
         if not self._seeds_seen:
