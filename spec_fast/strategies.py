@@ -35,8 +35,10 @@ Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from spec_ref.dynatree import DynaTreeParams
+if TYPE_CHECKING:  # imported where used: parsing a strategy must not pull in spec_ref's SciPy solvers
+    from spec_ref.dynatree import DynaTreeParams
 
 __all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_UNTRAINED_STRATEGY"]
 
@@ -105,6 +107,8 @@ class Strategy:
 
     def dynatree_params(self) -> DynaTreeParams:
         """The DynaTree parameters (seeds/003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
+        from spec_ref.dynatree import DynaTreeParams
+
         return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget)
 
     @property

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -32,3 +34,12 @@ elif os.environ.get("CI", "").lower() == "true":
     settings.load_profile("ci")
 else:
     settings.load_profile("dev")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """De-quantised models (spec_fast.cache) go to a fresh folder per session, never the user's cache."""
+    folder = str(tmp_path_factory.mktemp("spec-fast-cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPEC_FAST_CACHE", folder)
+        yield folder
