@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "and nothing else")
     gen.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                      help=f"torch CPU threads (default {DEFAULT_THREADS}: torch's own default, one per core, "
-                          f"is slightly faster on an idle machine but many times slower as soon as another "
-                          f"process uses a core, while 1 thread is unaffected; bench/results/threads.md)")
+                          f"decoded 5x slower than 1 thread as soon as another process used a core of a "
+                          f"2-core machine, while 1 thread loses little on an idle one; "
+                          f"bench/results/threads.md)")
     gen.add_argument("-q", "--quiet", action="store_true", help="no statistics on stderr")
     gen.add_argument("-v", "--verbose", action="store_true", help="all metrics on stderr at the end")
     return parser

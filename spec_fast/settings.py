@@ -32,9 +32,10 @@ __all__ = [
 DEFAULT_DRAFT = "retrieval"
 DEFAULT_CUSTOM_DRAFT = "early-exit:24"
 DEFAULT_MAX_NEW_TOKENS = 128
-#: torch CPU threads unless told otherwise: 1, because torch's default pool (one thread per core) is
-#: 1.3-1.5x faster on an idle machine but tens of times slower as soon as another process holds a core,
-#: while one thread is unaffected (bench/results/threads.md).
+#: torch CPU threads unless told otherwise: 1, because torch's default pool (one thread per core) waits
+#: for its slowest thread on every operation, so it decoded 5x slower than one thread as soon as another
+#: process held a core of this 2-core machine (bench/results/threads.md), while one thread loses little
+#: on an idle machine.
 DEFAULT_THREADS = 1
 #: Drafts loaded by name (the same names as :data:`spec_fast.heads.DRAFTER_NAMES`, kept here so that
 #: checking a name does not import torch; a test keeps the two equal).
