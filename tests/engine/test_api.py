@@ -22,7 +22,11 @@ def test_a_string_is_one_user_message_through_the_chat_template(tiny_chat_model_
     from spec_fast.models import load_model
     from spec_fast.strategies import parse_strategy
 
+    import torch
+
+    torch.set_num_threads(2)
     out = spec_fast.generate("hello", model=tiny_chat_model_dir, draft="early-exit:2", max_new_tokens=10)
+    assert torch.get_num_threads() == 1  # the default thread count (bench/results/threads.md)
     assert isinstance(out, spec_fast.Completion) and len(out.tokens) == 10 and out.finish_reason == "length"
     assert out.metrics.generated_tokens == 10 and out.metrics.block_efficiency >= 1.0
     model, tokenizer = load_model(tiny_chat_model_dir)
