@@ -184,3 +184,33 @@ def test_the_default_model_runs_from_a_fresh_cache_and_then_from_the_cache(tmp_p
     second = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert second.returncode == 0 and "de-quantising" not in second.stderr
     assert second.stdout == first.stdout and len(second.stderr.strip().splitlines()) == 1
+
+
+def test_the_live_status_is_one_line_rewritten_in_place_on_a_terminal(tiny_chat_model_dir: str) -> None:
+    # the old rich display printed a line per step; now stderr (a terminal here) gets one status line,
+    # rewritten with \r and erased at the end, then the one summary line; stdout (a pipe) gets the text
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "spec_fast", "generate", "hello", "--model", tiny_chat_model_dir,
+                             "--draft", "none", "--max-new-tokens", "400"], stdout=subprocess.PIPE, stderr=slave,
+                            stdin=subprocess.DEVNULL, cwd=ROOT)
+    os.close(slave)
+    stdout, _ = proc.communicate(timeout=300)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    stderr = b"".join(chunks).decode()
+    assert proc.returncode == 0, stderr
+    assert "\r\x1b[K" in stderr and "tokens/target pass" in stderr  # the live line was shown
+    final = stderr.rsplit("\r\x1b[K", 1)[1]  # after the live line was erased: only the summary line
+    assert final.startswith("spec-fast: ") and final.strip().count("\n") == 0 and "tok/s" in final
+    assert stderr.count("\n") == 1  # one line in all (a pty turns \n into \r\n)
+    assert len(stdout.decode()) > 300 and b"\x1b" not in stdout
