@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"model, {DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--strategy", default=None,
                      help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | "
-                          f"dynatree[:D0,DMAX,BUDGET], optionally +adaptive (default {DEFAULT_STRATEGY} with a "
-                          f"named draft, {DEFAULT_UNTRAINED_STRATEGY} with any other, ar with --draft none)")
+                          f"dynatree[:D0,DMAX,BUDGET], optionally +adaptive (plain steps while drafting does not "
+                          f"pay); default {DEFAULT_STRATEGY} with a named draft, {DEFAULT_UNTRAINED_STRATEGY} "
+                          f"with any other, ar with --draft none (bench/results/defaults.md)")
     gen.add_argument("--verifier", default=None,
                      help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling; checked "
                           "against the tree shape); greedy at temperature 0")

@@ -213,3 +213,17 @@ def test_the_readme_python_example_runs_and_applies_the_chat_template(smollm2: A
     ids = chat_prompt_ids(tokenizer, prompt.group(1))
     plain = SpeculativeDecoder(model, None, parse_strategy("ar")).generate([ids], max_new_tokens=len(out.tokens))
     assert out.tokens == plain.tokens[0]
+
+
+def test_the_default_strategy_is_the_best_worst_case_of_the_committed_benchmark() -> None:
+    # bench/results/defaults.json compares the candidates on chat, input-grounded and long prompts; the
+    # default must be the one whose slowest workload is fastest (rerun the bench before changing either)
+    import json
+
+    with open(os.path.join(ROOT, "bench", "results", "defaults.json")) as fh:
+        rows = json.load(fh)["results"]
+    candidates = {r["configuration"] for r in rows if r["configuration"] != "ar"}
+    worst = {c: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == c) for c in candidates}
+    settings = resolve_settings()
+    assert settings.draft == "retrieval"
+    assert max(worst, key=lambda c: worst[c]) == settings.strategy.label().replace("/naive", "")
