@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         ("prompt from stdin", 'echo "Name three colours." | python3 -m spec_fast generate --max-new-tokens 24'),
         ("stop string", 'python3 -m spec_fast generate "Count from 1 to 20, separated by commas." '
                         '--max-new-tokens 64 --stop "7"'),
-        ("closed pipe", f'{generate} | head -c 100; echo; echo "statuses: ${{PIPESTATUS[*]}}"'),
+        ("closed pipe", f'{generate} | head -c 100; statuses=("${{PIPESTATUS[@]}}"); echo; '
+                        f'echo "exit statuses (spec-fast, head): ${{statuses[*]}}"'),
     ]
     load = os.getloadavg()
     lines = [
