@@ -2,10 +2,10 @@
 importing torch alone, in one run.
 
 Runs, alternately, ``python -m spec_fast generate "Hi" --max-new-tokens 1 -q`` (the default model from the
-model cache of ``$SPEC_FAST_CACHE``, filled first if needed) and ``python -c "import torch, transformers;
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM"``, timing each process to
-its first byte on stdout (generation) or to its exit (imports). The load average is recorded with every
-round: the machine is shared, so absolute times move with it. Writes ``bench/results/startup.{json,md}``.
+model cache of ``$SPEC_FAST_CACHE``, filled first if needed) and ``python -c "import torch"`` (the floor of
+any torch program), timing each process to its first byte on stdout (generation) or to its exit (the
+import). The load average is recorded with every round: the machine is shared, so absolute times move
+with it. Writes ``bench/results/startup.{json,md}``.
 
     python bench/startup.py            # 5 rounds
 """
