@@ -2,35 +2,88 @@
 
 With the same uniforms it returns exactly the tokens of :mod:`spec_ref`; greedy speculative output is
 byte-identical to greedy autoregressive output in float32.
+
+One call for text: ``spec_fast.generate("prompt")`` (:mod:`spec_fast.api`). The names below are imported
+on first use, so that ``import spec_fast`` (and ``spec-fast --help``) does not pay for torch.
 """
 
-from spec_fast.flat_tree import FlatTree
+from __future__ import annotations
 
-__all__ = ["FlatTree"]
-# --- further exports are added below this line ---
-from spec_fast.decoding import decoding_operator
-from spec_fast.rng import counter_uniforms
-from spec_fast.verify import METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_tree
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ += ["decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutput", "draw_uniforms",
-            "uniforms_per_node", "verify_tree"]
-from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
+#: public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "FlatTree": "spec_fast.flat_tree",
+    "decoding_operator": "spec_fast.decoding",
+    "counter_uniforms": "spec_fast.rng",
+    "METHODS": "spec_fast.verify",
+    "TreeVerifyOutput": "spec_fast.verify",
+    "draw_uniforms": "spec_fast.verify",
+    "uniforms_per_node": "spec_fast.verify",
+    "verify_tree": "spec_fast.verify",
+    "solver_sample": "spec_fast.kernels",
+    "solver_branching": "spec_fast.kernels",
+    "solver_acceptance": "spec_fast.kernels",
+    # the decoding engine
+    "Drafter": "spec_fast.drafters",
+    "EarlyExitDrafter": "spec_fast.drafters",
+    "ModelDrafter": "spec_fast.drafters",
+    "early_exit_model": "spec_fast.drafters",
+    "GenerationResult": "spec_fast.engine",
+    "SamplingParams": "spec_fast.engine",
+    "SpeculativeDecoder": "spec_fast.engine",
+    "greedy_verify": "spec_fast.engine",
+    "TreeKVCache": "spec_fast.kv_cache",
+    "GenerationMetrics": "spec_fast.metrics",
+    "chat_prompt_ids": "spec_fast.models",
+    "load_model": "spec_fast.models",
+    "Strategy": "spec_fast.strategies",
+    "parse_strategy": "spec_fast.strategies",
+    # trained drafts (distilled model, eagle and rnn feature heads)
+    "DRAFT_NAMES": "spec_fast.heads",
+    "FeatureHead": "spec_fast.heads",
+    "HeadDrafter": "spec_fast.heads",
+    "load_distilled": "spec_fast.heads",
+    "load_drafter": "spec_fast.heads",
+    "load_head": "spec_fast.heads",
+    # one call for text
+    "generate": "spec_fast.api",
+    "Completion": "spec_fast.api",
+}
 
-__all__ += ["solver_sample", "solver_branching", "solver_acceptance"]
-# issue 6: the decoding engine
-from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
-from spec_fast.engine import GenerationResult, SamplingParams, SpeculativeDecoder, greedy_verify
-from spec_fast.kv_cache import TreeKVCache
-from spec_fast.metrics import GenerationMetrics
-from spec_fast.models import chat_prompt_ids, load_model
-from spec_fast.strategies import Strategy, parse_strategy
+__all__ = ["FlatTree", "decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutput",
+    "draw_uniforms", "uniforms_per_node", "verify_tree", "solver_sample", "solver_branching",
+    "solver_acceptance", "Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model",
+    "GenerationResult", "SamplingParams", "SpeculativeDecoder", "greedy_verify", "TreeKVCache",
+    "GenerationMetrics", "chat_prompt_ids", "load_model", "Strategy", "parse_strategy", "DRAFT_NAMES",
+    "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head", "generate", "Completion"]
 
-__all__ += [
-    "Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model", "GenerationResult", "SamplingParams",
-    "SpeculativeDecoder", "greedy_verify", "TreeKVCache", "GenerationMetrics", "chat_prompt_ids", "load_model",
-    "Strategy", "parse_strategy",
-]
-# issue 7: trained drafts (distilled model, eagle and rnn feature heads)
-from spec_fast.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
 
-__all__ += ["DRAFT_NAMES", "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head"]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spec_fast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from spec_fast.api import Completion, generate
+    from spec_fast.decoding import decoding_operator
+    from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
+    from spec_fast.engine import GenerationResult, SamplingParams, SpeculativeDecoder, greedy_verify
+    from spec_fast.flat_tree import FlatTree
+    from spec_fast.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
+    from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
+    from spec_fast.kv_cache import TreeKVCache
+    from spec_fast.metrics import GenerationMetrics
+    from spec_fast.models import chat_prompt_ids, load_model
+    from spec_fast.rng import counter_uniforms
+    from spec_fast.strategies import Strategy, parse_strategy
+    from spec_fast.verify import METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_tree

