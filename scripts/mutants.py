@@ -260,6 +260,9 @@ def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
     status = {0: "survived", 1: "killed", -1: "timeout"}.get(code, "error")
     failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
     errors = re.findall(r"^ERROR (\S+)", output, flags=re.MULTILINE)
+    if status == "error" and re.search(r"^\d+ failed\b", output, flags=re.MULTILINE):
+        status = "killed"  # a test failed, then a reporting plugin raised (pytest exit status 3)
+        failed = failed or re.findall(r"^_{3,} (\S+) _{3,}$", output, flags=re.MULTILINE)
     return {
         "name": mutant.name, "file": mutant.path, "why": mutant.why, "status": status, "exit_code": code,
         "killed_by": (failed or errors or [""])[0], "tests": list(mutant.tests), "seconds": round(seconds, 1),
