@@ -63,3 +63,20 @@ def test_the_largest_seed_decodes() -> None:
     decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy("chain:2"))
     out = decoder.generate([[1, 2]], max_new_tokens=4, sampling=SamplingParams(temperature=1.0, seed=2**64 - 2))
     assert len(out.tokens[0]) == 4 and all(0 <= t < VOCAB for t in out.tokens[0])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "hi", "--strategy", "iid:128x32", "--temperature", "1"], "4097 nodes per tree"),
+        (["generate", "hi", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1)"),
+        (["generate", "hi", "--seed", "-5"], "got seed=-5"),
+    ],
+)
+def test_the_cli_reports_size_and_seed_limits_in_one_line(argv: list[str], message: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from spec_fast.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
