@@ -22,8 +22,9 @@ def _large_logit_target() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("spec", ["chain:3", "iid:2x2", "dynatree:1,3,8"])
-@pytest.mark.parametrize("temperature", [1e-38, 1e-300])
+@pytest.mark.parametrize(
+    ("spec", "temperature"), [("chain:3", 1e-38), ("iid:2x2", 1e-38), ("dynatree:1,3,8", 1e-38), ("chain:3", 1e-300)]
+)
 def test_a_tiny_temperature_decodes_like_greedy_and_stays_in_the_vocabulary(spec: str, temperature: float) -> None:
     """T = 1e-38 used to stream token V = 64 and then raise IndexError; its limit is the argmax (no ties in
     these random logits), so the tokens equal greedy decoding."""
@@ -31,11 +32,11 @@ def test_a_tiny_temperature_decodes_like_greedy_and_stays_in_the_vocabulary(spec
     target = _large_logit_target()
     prompts = [[1, 2, 3], [5, 9]]
     greedy = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy(spec)).generate(
-        prompts, max_new_tokens=8
+        prompts, max_new_tokens=6
     )
     strategy = parse_strategy(spec, "nss" if spec.startswith("dynatree") else None)
     tiny = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), strategy).generate(
-        prompts, max_new_tokens=8, sampling=SamplingParams(temperature=temperature, seed=3)
+        prompts, max_new_tokens=6, sampling=SamplingParams(temperature=temperature, seed=3)
     )
     for row in tiny.tokens:
         assert all(0 <= t < VOCAB for t in row)
