@@ -93,7 +93,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "        d = z + (one - weights[i])", "        d = z + one", REF_VERIFY, "BV h_i = Z/(Z+1) instead of Z/(Z+1-w)"),
     _m("bv-residual-unweighted", "spec_ref/verify.py",
        "residual(weights[tau] * probs.target[node], _path_q(probs, node))",
-       "residual(probs.target[node], _path_q(probs, node))", REF_VERIFY, "BV correction from Res(p, q)"),
+       "residual(probs.target[node], _path_q(probs, node))", ("tests/ref/test_weighted_residuals.py", *REF_VERIFY),
+       "BV correction from Res(p, q)"),
     _m("tree-mc-no-rescale", "spec_ref/verify.py",
        "scale = (one - s_j) / excess if excess > 0 else one", "scale = one",
        REF_VERIFY, "tree verification without the t_j rescaling of earlier rows"),
@@ -266,6 +267,7 @@ def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
     return {
         "name": mutant.name, "file": mutant.path, "why": mutant.why, "status": status, "exit_code": code,
         "killed_by": (failed or errors or [""])[0], "tests": list(mutant.tests), "seconds": round(seconds, 1),
+        "commit": commit(),
         "tail": "" if status == "killed" else output[-1500:],
     }
 
@@ -294,10 +296,12 @@ def write_results(results: list[dict[str, object]], command: str, seconds: float
         f"**{killed} of {len(results)} mutants killed.** Each mutant is an exact text patch of one source file "
         "(catalogue in `scripts/mutants.py`), applied alone to a temporary copy of the repository; it is killed "
         "when the listed tests fail.", "",
-        "| mutant | file | lossy/wrong behaviour | status | killing test | s |", "|---|---|---|---|---|---|",
+        "| mutant | file | lossy/wrong behaviour | status | killing test | s | commit |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {r['name']} | `{r['file']}` | {r['why']} | {r['status']} | `{r['killed_by']}` | {r['seconds']} |")
+        lines.append(f"| {r['name']} | `{r['file']}` | {r['why']} | {r['status']} | `{r['killed_by']}` | "
+                     f"{r['seconds']} | {r.get('commit', '')} |")
     (RESULTS / "mutants.md").write_text("\n".join(lines) + "\n")
 
 
@@ -308,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant (default 900)")
     parser.add_argument("--no-write", action="store_true", help="do not write bench/results/mutants.*")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: replace those mutants' entries in the committed results (re-runs after a fix)")
     args = parser.parse_args(argv)
     problems = check_catalogue()
     if problems:
@@ -337,7 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     killed = sum(r["status"] == "killed" for r in results)
     print(f"{killed} of {len(results)} mutants killed in {seconds:.0f} s")
-    if not args.no_write and not args.only:
+    if args.update and args.only and (RESULTS / "mutants.json").exists():
+        previous = json.loads((RESULTS / "mutants.json").read_text())
+        fresh = {str(r["name"]): r for r in results}
+        merged = [fresh.get(str(r["name"]), r) for r in previous["mutants"]]
+        merged += [r for r in results if r["name"] not in {m["name"] for m in previous["mutants"]}]
+        command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
+        write_results(merged, command, previous["seconds"] + seconds)
+    elif not args.no_write and not args.only:
         write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds)
     return 0 if killed == len(results) else 1
 
