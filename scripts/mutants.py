@@ -150,7 +150,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests/fast/test_inverse_cdf_large_vocab.py",), "float32 chunk totals in the two-level inverse CDF"),
     _m("fast-residual-uniform-fallback", "spec_fast/verify.py",
        "    return mass.addcmul_(base, empty)", "    return mass.add_(empty / base.shape[1])",
-       PARITY, "zero residual mass falls back to uniform"),
+       ("tests/fast/test_bad_values.py", *PARITY), "zero residual mass falls back to uniform"),
     _m("fast-naive-accept-non-strict", "spec_fast/verify.py",
        "    accepted = ~leaf & (u0 * q_x < p_x)", "    accepted = ~leaf & (u0 * q_x <= p_x)",
        PARITY, "u = 0 accepts a zero-mass draft (naive)"),

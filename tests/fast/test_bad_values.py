@@ -268,3 +268,22 @@ def test_counter_uniforms_refuse_seeds_that_do_not_fit_in_64_bits(seed: int) -> 
         counter_uniforms(seed, 0, (3,))
     with pytest.raises(ValueError, match=f"offset={seed}"):
         counter_uniforms(0, seed, (3,))
+
+
+# ---------------------------------------------------------------------------------------------- degenerate
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "dense"])
+@pytest.mark.parametrize("method", ["naive_tree", "spectr", "specinfer", "naive", "bv", "tree_mc", "traversal"])
+def test_a_zero_residual_falls_back_to_the_target_never_to_uniform(method: str, compact: bool) -> None:
+    """p = (1 - 2**-21) q (unnormalised within tolerance, docs/testing.md section 6 item 2): a uniform just
+    below 1 rejects the draft while (p - q)+ is all zero, so the correction must come from p itself: never
+    token 4, where p = q = 0 (a uniform fallback would pick it at this uniform)."""
+    from tests.fast.test_kernels_parity import _single_node_batch
+
+    q = np.array([0.5, 0.25, 0.125, 0.125, 0.0])
+    p = q * (1 - 2.0**-21)
+    batch = _single_node_batch(p, q, [0, 1])
+    target, draft = batch.tensors()
+    m = uniforms_per_node(method, batch.flat.max_draws)
+    uniforms = torch.full((1, batch.flat.num_slots, m), 1.0 - 2.0**-24)
+    out = verify_tree(method, batch.flat, target, draft, uniforms, compact=compact)
+    assert 4 not in out.emitted[0].tolist() and int(out.next_token[0]) != 4, out.emitted.tolist()
