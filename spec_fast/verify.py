@@ -1097,22 +1097,22 @@ def verify_tree(
             tree, target_probs, draft_probs, uniforms, children, max_depth,
             str(options.get("sibling_model", "wor")), ctx,
         )
-    return _assemble(tree, node, token, max_depth, int(target_probs.shape[2]))
+    return _assemble(tree, node, token, max_depth)
 
 
-def _assemble(tree: FlatTree, node: Tensor, token: Tensor, max_depth: int, vocab: int) -> TreeVerifyOutput:
+def _assemble(tree: FlatTree, node: Tensor, token: Tensor, max_depth: int) -> TreeVerifyOutput:
     """Accepted path slots (root first), tau, emitted tokens from the accepted node and the extra token.
 
-    Guards for unvalidated input (``validate=False``), without a host sync: an accepted node that is not a
-    real slot becomes the root and the extra token is clamped to ``[0, V)``, so no emitted id ever leaves
-    the vocabulary (drafted ids of real slots are ids the drafter sampled)."""
+    Guard for unvalidated input (``validate=False``), without a host sync: an accepted node that is not a
+    real slot becomes the root, so no emitted id ever leaves
+    the vocabulary (drafted ids of real slots are ids the drafter sampled, every drawn id comes from
+    :func:`_inverse_cdf`, which clamps, and the greedy walk's argmax is always in range)."""
     batch = tree.batch_size
     device = tree.tokens.device
     rows = torch.arange(batch, device=device)
     real = (node >= 0) & (node < tree.num_slots)
     real &= tree.valid[rows, node.clamp(0, tree.num_slots - 1)]
     node = torch.where(real, node, torch.zeros_like(node))
-    token = token.clamp(0, vocab - 1)
     width = max_depth + 1
     tau = tree.depths[rows, node]
     slots = torch.full((batch, width + 1), -1, dtype=torch.long, device=device)

@@ -84,3 +84,16 @@ def test_the_boundary_uniforms_catch_a_float32_cumulative_sum() -> None:
     """Negative control: the same check rejects the float32 single-level cumsum at V = 151936."""
     wrong, checked = mismatches(rows_of_weights(151936, torch.float32, seed=151936), _float32_single_level)
     assert wrong > checked // 10
+
+
+@pytest.mark.parametrize("vocab", [6, 9000])
+def test_inverse_cdf_stays_in_the_vocabulary_and_on_positive_weights_at_u_one_and_on_nan_rows(vocab: int) -> None:
+    """The guard of the unvalidated engine path: u = 1 (outside the contract) takes the last positive
+    weight, a NaN row still gives an id in [0, V) (searchsorted alone returns V for both)."""
+    weights = torch.zeros(3, vocab)
+    weights[0, : vocab // 2] = 1.0
+    weights[1, 1] = 1.0
+    weights[2] = float("nan")
+    got = _inverse_cdf(weights, torch.tensor([1.0, 1.0, 0.5]))
+    assert got.tolist()[:2] == [vocab // 2 - 1, 1]
+    assert 0 <= int(got[2]) < vocab
