@@ -348,9 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{killed} of {len(results)} mutants killed in {seconds:.0f} s")
     if args.update and args.only and (RESULTS / "mutants.json").exists():
         previous = json.loads((RESULTS / "mutants.json").read_text())
-        fresh = {str(r["name"]): r for r in results}
-        merged = [fresh.get(str(r["name"]), r) for r in previous["mutants"]]
-        merged += [r for r in results if r["name"] not in {m["name"] for m in previous["mutants"]}]
+        # the current catalogue, in order: fresh entries where re-run, committed ones otherwise (a mutant
+        # removed from the catalogue is dropped)
+        known = {str(r["name"]): r for r in previous["mutants"]}
+        known.update({str(r["name"]): r for r in results})
+        merged = [known[m.name] for m in CATALOGUE if m.name in known]
         command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
         write_results(merged, command, previous["seconds"] + seconds)
     elif not args.no_write and not args.only:
