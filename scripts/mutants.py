@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads((RESULTS / "mutants.json").read_text())
         # the current catalogue, in order: fresh entries where re-run, committed ones otherwise (a mutant
         # removed from the catalogue is dropped)
-        known = {str(r["name"]): r for r in previous["mutants"]}
+        known = {str(r["name"]): {"commit": previous["commit"], **r} for r in previous["mutants"]}
         known.update({str(r["name"]): r for r in results})
         merged = [known[m.name] for m in CATALOGUE if m.name in known]
         command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
