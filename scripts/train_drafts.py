@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,6 +45,15 @@ from spec_fast.training import (  # noqa: E402
     train_head,
     vocabulary_subset,
 )
+
+
+def load_data_cache(path: str) -> dict[str, Any]:
+    """The teacher-data cache (tensors, lists, strings): ``weights_only=True``, so a tampered cache file
+    cannot run code when it is unpickled."""
+    cached = torch.load(path, weights_only=True)
+    if not isinstance(cached, dict):
+        raise ValueError(f"--data-cache {path!r} does not hold a teacher-data cache")
+    return cached
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         p.requires_grad_(False)
     prompts = list(TRAIN_PROMPTS[: args.prompts]) + synthetic_prompts(config.synthetic_prompts, config.seed)
     data_key = json.dumps([prompts, config.max_new_tokens, config.samples, config.top_k, config.seed, args.threads])
-    cached = torch.load(args.data_cache) if args.data_cache and os.path.exists(args.data_cache) else None
+    cached = load_data_cache(args.data_cache) if args.data_cache and os.path.exists(args.data_cache) else None
     if cached is not None and cached["key"] == data_key:
         pairs, data = cached["pairs"], TeacherData(**cached["data"])
         print(f"teacher data reloaded from {args.data_cache}", file=sys.stderr)

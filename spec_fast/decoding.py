@@ -9,7 +9,10 @@ Same definition and tie-breaks as :func:`spec_ref.decoding_operator` (ALGORITHMS
 3. top-p (``0 < p < 1``): tokens sorted by (probability descending, id ascending) -- a stable descending
    sort of the logits gives this order -- and the token at sorted position ``j`` is kept iff the mass
    strictly before ``j`` is ``< top_p``. Masses are accumulated in float64, as in the reference;
-4. ``softmax`` of the surviving ``z = logits / T`` in float32.
+4. ``softmax`` of the surviving ``z = (logits - max logit) / T`` in float32. Shifting before dividing
+   gives the same distribution and never overflows: at a tiny temperature (1e-38) ``logits / T`` would be
+   ``inf`` and the softmax NaN, while the shifted ``z`` is 0 at the maxima and ``-inf`` or very negative
+   elsewhere, i.e. the T -> 0 limit (uniform over the tied maxima), as in the reference.
 
 Rows only differ from the float64 reference where a top-p boundary mass lies within float rounding of
 ``top_p`` (the differential test counts such rows).
@@ -27,6 +30,7 @@ def decoding_operator(
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
+    validate: bool = True,
 ) -> torch.Tensor:
     """G(logits) per row.
 
@@ -35,6 +39,9 @@ def decoding_operator(
         temperature: ``[B]`` float, ``>= 0``; ``0`` means greedy.
         top_k: ``[B]`` int, ``0`` (or ``>= V``) means off.
         top_p: ``[B]`` float in ``(0, 1]``, ``1.0`` means off.
+        validate: refuse NaN/+inf logits, all ``-inf`` rows and bad parameters with a ``ValueError``
+            naming the argument (reads values on the host); the engine, whose parameters are already
+            validated by ``SamplingParams``, passes ``False``.
 
     Returns:
         ``[B, V]`` float32 probabilities (greedy rows one-hot).
@@ -45,12 +52,16 @@ def decoding_operator(
     for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         if t.shape != (batch,):
             raise ValueError(f"{name}.shape={tuple(t.shape)} must be (B,)={(batch,)}")
+    if validate:
+        _check_values(logits, temperature, top_k, top_p)
     device = logits.device
     raw = logits.to(torch.float32)
-    temperature = temperature.to(device=device, dtype=torch.float32)
+    greedy = (temperature == 0).to(device)  # [B], before a float32 cast could flush a tiny T to 0
+    # A positive T below float32's smallest normal divides like that normal: the shifted z of every
+    # non-maximal logit is then already far below exp's float32 underflow, the same T -> 0 limit.
+    temperature = temperature.to(device=device, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
     top_k = top_k.to(device=device, dtype=torch.int64)
     top_p = top_p.to(device=device, dtype=torch.float64)
-    greedy = temperature == 0  # [B]
 
     # One stable descending sort: order = (logit desc, id asc) = (probability desc, id asc).
     sorted_logits, order = torch.sort(raw, dim=1, descending=True, stable=True)  # [B, V]
@@ -62,9 +73,14 @@ def decoding_operator(
     threshold = torch.where(use_top_k.unsqueeze(1), kth_value, torch.full_like(kth_value, -float("inf")))
     keep_sorted = sorted_logits >= threshold  # [B, V]; -inf logits only survive when no top-k applies
 
-    # z = logits / T on the sorted view (T = 1 stands in for greedy rows, which are overwritten).
+    # z = (logits - max) / T on the sorted view (T = 1 stands in for greedy rows, which are overwritten).
+    # The shift keeps z <= 0: no overflow to inf (and no NaN softmax) however small T is.
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)  # [B, 1]
-    z_sorted = torch.where(keep_sorted, sorted_logits / safe_t, torch.full_like(sorted_logits, -float("inf")))
+    row_max = sorted_logits[:, :1]
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # an all -inf row
+    z_sorted = torch.where(
+        keep_sorted, (sorted_logits - row_max) / safe_t, torch.full_like(sorted_logits, -float("inf"))
+    )
 
     # top-p: exclusive cumulative float64 mass in sorted order.
     use_top_p = top_p < 1.0  # [B]
@@ -79,3 +95,29 @@ def decoding_operator(
     greedy_token = torch.argmax(raw, dim=1, keepdim=True)  # [B, 1], first maximum
     one_hot = torch.zeros_like(probs).scatter_(1, greedy_token, 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)
+
+
+def _check_values(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """ValueError naming the first bad entry: NaN/+inf logits, an all -inf row, T < 0 or not finite,
+    top_k < 0, top_p outside (0, 1]."""
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a floating-point tensor, got logits.dtype={logits.dtype}")
+    bad = (torch.isnan(logits) | torch.isposinf(logits)).nonzero()
+    if bad.shape[0]:
+        b, v = (int(i) for i in bad[0])
+        raise ValueError(f"logits must be finite or -inf, got logits[{b}, {v}]={float(logits[b, v])!r}")
+    empty = torch.isneginf(logits).all(dim=1).nonzero()
+    if empty.shape[0] and logits.shape[1] > 0:
+        raise ValueError(f"logits must have a finite entry in every row, got logits[{int(empty[0])}] all -inf")
+    for name, values, ok in (
+        ("temperature", temperature, torch.isfinite(temperature) & (temperature >= 0)),
+        ("top_k", top_k, top_k >= 0),
+        ("top_p", top_p, (top_p > 0) & (top_p <= 1)),  # NaN fails both
+    ):
+        wrong = (~ok).nonzero()
+        if wrong.shape[0]:
+            b = int(wrong[0])
+            raise ValueError(f"{name} must be {_RULES[name]}, got {name}[{b}]={values[b].item()!r}")
+
+
+_RULES = {"temperature": "finite and >= 0", "top_k": "an integer >= 0 (0 = off)", "top_p": "in (0, 1]"}

@@ -60,8 +60,9 @@ class SamplingParams:
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1] (1 = off), got top_p={p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got seed={self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64 - 1:
+            # seed seeds the draft's torch.Generator and seed + 1 the verifier's 64-bit counter stream
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1), got seed={self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -195,10 +196,11 @@ class SpeculativeDecoder:
         """``[..., V]`` logits -> G(logits) ``[..., V]`` float32."""
         flat = logits.reshape(-1, logits.shape[-1])
         rows = flat.shape[0]
-        t = torch.full((rows,), float(sampling.temperature), device=flat.device)
+        # float64: a tiny T (1e-300) must not flush to 0 (greedy) before the operator sees it
+        t = torch.full((rows,), float(sampling.temperature), dtype=torch.float64, device=flat.device)
         k = torch.full((rows,), int(sampling.top_k), dtype=torch.long, device=flat.device)
         p = torch.full((rows,), float(sampling.top_p), device=flat.device)
-        return decoding_operator(flat, t, k, p).reshape(logits.shape)
+        return decoding_operator(flat, t, k, p, validate=False).reshape(logits.shape)  # SamplingParams checked
 
     def _check_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -796,7 +798,7 @@ class SpeculativeDecoder:
         per_node = uniforms_per_node(method, tree.max_draws)
         shape = (tree.batch_size, tree.num_slots, per_node)
         uniforms = counter_uniforms(sampling.seed + 1, offset, shape, self.device)
-        result = verify_tree(method, tree, target_probs, draft_probs, uniforms)
+        result = verify_tree(method, tree, target_probs, draft_probs, uniforms, validate=False)
         slots = result.accepted_slots  # [B, D+1], -1 padded, root first
         n = tree.num_slots
         # padding (-1) goes to an extra column that is dropped: a clamp to 0 would clear the root

@@ -63,6 +63,9 @@ def _as_int64(value: int | torch.Tensor, name: str, device: torch.device) -> tor
         return value.to(device=device, dtype=torch.int64)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int or a [B] int64 tensor, got {name}={value!r}")
+    if not -(1 << 63) <= value <= _MASK64:
+        # wrapping mod 2**64 would silently give 2**64 the stream of 0
+        raise ValueError(f"{name} must fit in 64 bits (-2**63 <= {name} < 2**64), got {name}={value!r}")
     return torch.tensor([_signed(value)], dtype=torch.int64, device=device)
 
 

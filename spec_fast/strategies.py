@@ -51,6 +51,12 @@ SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
     "topk": ("nss",),
     "dynatree": ("nss",),
 }
+#: Trees larger than this are refused (per prompt; the engine allocates ``[B, N, V]`` tensors).
+MAX_TREE_NODES = 1024
+#: The vocabulary and the per-(node, token) bytes the size error's memory estimate assumes (SmolLM2's V;
+#: float32 p and q, and the decoding operator's sort order and float64 softmax for every node).
+ESTIMATE_VOCAB = 49152
+BYTES_PER_NODE_AND_TOKEN = 32
 _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
 }
@@ -107,6 +113,29 @@ class Strategy:
                 f"choose from {('greedy',) + SAMPLING_VERIFIERS[self.shape]}"
             )
         object.__setattr__(self, "verifier", verifier)
+        nodes = self.max_nodes
+        if nodes > MAX_TREE_NODES:
+            # checked before anything is allocated: the verifier holds p and q for every node ([B, N, V]
+            # float32 each) and the decoding operator's float64 sort/softmax temporaries on top
+            gib = nodes * ESTIMATE_VOCAB * BYTES_PER_NODE_AND_TOKEN / 2**30
+            raise ValueError(
+                f"strategy {self._label()!r} has {nodes} nodes per tree, more than {MAX_TREE_NODES}; it would need "
+                f"about {gib:.1f} GiB per prompt at V={ESTIMATE_VOCAB} ({BYTES_PER_NODE_AND_TOKEN} bytes per node "
+                "and vocabulary entry); use fewer paths or a shallower tree"
+            )
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes (root included) one tree of this strategy can have."""
+        if self.shape == "ar":
+            return 1
+        if self.shape == "chain":
+            return 1 + self.depth
+        if self.shape == "iid":
+            return 1 + self.num_paths * self.depth
+        if self.shape == "delayed":
+            return 1 + self.trunk + self.num_paths * (self.depth - self.trunk)
+        return 1 + self.budget  # topk and dynatree: the node budget
 
     def dynatree_params(self) -> DynaTreeParams:
         """The DynaTree parameters (seeds/003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""

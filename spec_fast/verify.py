@@ -24,7 +24,10 @@ Options as in :func:`spec_ref.verify`: ``spectr_iterations`` (64), ``specinfer_o
 * ``compact``: restrict every ``[rows, V]`` computation to the rows that still need it (boolean-mask
   compaction and early exit once every row has stopped). These read tensor values on the host, so the
   default is ``True`` on CPU (where there is no device to synchronise with) and ``False`` elsewhere, where
-  every loop runs its fixed number of steps over all rows with masks.
+  every loop runs its fixed number of steps over all rows with masks;
+* ``validate`` (default ``True``): refuse NaN/inf/negative/unnormalised probabilities, token ids outside
+  ``[0, V)`` and uniforms outside ``[0, 1)`` with a ``ValueError`` (one host sync). The engine passes
+  ``False``: its inputs come from the decoding operator, and every emitted index is clamped to ``[0, V)``.
 
 Numerics (ALGORITHMS.md 9, ``spec_ref/_sampling.py``): probabilities are float32 tensors. Every scalar
 test is evaluated in float64 on the gathered float32 values, in the reference's form and operand order
@@ -52,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
 from spec_fast.flat_tree import FlatTree
 
 __all__ = [
@@ -76,8 +80,10 @@ _METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "khisti": ("khisti_truncation",),
     "traversal": ("sibling_model",),
 }
-_COMMON_OPTIONS = ("max_depth", "compact")
+_COMMON_OPTIONS = ("max_depth", "compact", "validate")
 _DETERMINISTIC_OK = ("nss", "greedy", "dynatree")
+#: The reference's limit (``spec_ref.KhistiSolver.MAX_DRAWS``), checked before any work.
+KHISTI_MAX_DRAWS = 256
 
 Tensor = torch.Tensor
 #: dtype of the [rows, V] arithmetic (residuals, partial sums); reductions accumulate in float64 and every
@@ -193,9 +199,9 @@ def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     """Smallest index with ``cumsum > u * total`` per row; never a zero-weight index.
 
     ``weights [R, V]`` non-negative with positive row sums; ``u [R]``. Returns ``[R]`` long. Cumulative sums
-    are float64. For large V the search is two-level: float64 prefix sums of per-chunk totals pick the
-    chunk, then one ``[R, chunk]`` float64 prefix sum picks the index, so no ``[R, V]`` float64 tensor is
-    built (boundaries then move by ~1e-7 of the mass, within the tolerance the tests allow).
+    are float64. For large V the search is two-level: float64 prefix sums of per-chunk float64 totals pick
+    the chunk, then one ``[R, chunk]`` float64 prefix sum picks the index (boundaries within ~1e-13 of the
+    mass of the reference's sequential float64 cumsum at V = 262144).
     """
     rows, vocab = weights.shape
     u64 = u.to(F64).unsqueeze(1)
@@ -206,13 +212,18 @@ def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
         # If rounding pushes u * total onto the total, take the last index of positive weight: the first
         # index whose partial sum reaches the total.
         last_positive = torch.searchsorted(cumulative, total, right=False)
-        return torch.minimum(index, last_positive).squeeze(1)
+        # NaN weights (unvalidated input) make searchsorted return V: the clamp keeps every id in [0, V)
+        return torch.minimum(index, last_positive).squeeze(1).clamp_(0, vocab - 1)
     size = _CDF_CHUNK
     full = vocab // size
-    sums = [weights[:, : full * size].reshape(rows, full, size).sum(dim=2)]
+    # Chunk totals accumulate in float64: float32 totals move every boundary by ~1e-7 of the mass (and a
+    # float32 cumulative sum over V = 151936 by ~1e-5), enough to change the token for a uniform next to a
+    # CDF boundary. Summing in float64 keeps the two-level search within ~1e-13 of the reference's
+    # sequential float64 cumsum.
+    sums = [weights[:, : full * size].reshape(rows, full, size).sum(dim=2, dtype=F64)]
     if full * size < vocab:
-        sums.append(weights[:, full * size :].sum(dim=1, keepdim=True))
-    chunk_sums = torch.cat(sums, dim=1).to(F64)  # [R, C]
+        sums.append(weights[:, full * size :].sum(dim=1, keepdim=True, dtype=F64))
+    chunk_sums = torch.cat(sums, dim=1)  # [R, C] float64
     chunk_cum = torch.cumsum(chunk_sums, dim=1)
     total = chunk_cum[:, -1:].contiguous()
     threshold = u64 * total
@@ -227,7 +238,7 @@ def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     within = torch.cumsum(values, dim=1, dtype=F64)
     pick = torch.searchsorted(within, (threshold - before).contiguous(), right=True)
     last_in_chunk = torch.searchsorted(within, within[:, -1:].contiguous(), right=False)
-    return (chunk * size + torch.minimum(pick, last_in_chunk)).squeeze(1)
+    return (chunk * size + torch.minimum(pick, last_in_chunk)).squeeze(1).clamp_(0, vocab - 1)
 
 
 def _residual_weights(base: Tensor, subtract: Tensor, subtract_rows: Tensor | None = None) -> Tensor:
@@ -452,6 +463,15 @@ def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tenso
     return torch.where(accepted, choice, y), accepted
 
 
+def _renormalised_beyond_reference_tolerance(rows: np.ndarray) -> np.ndarray:
+    """float64 rows ``[R, V]`` handed to the reference LP: rows off 1 by more than the reference's 1e-6
+    (a float32 sum over a real vocabulary, within :func:`spec_fast._validate.probability_sum_tolerance`)
+    are divided by their sum; the others are passed unchanged, so the LP sees the reference's own input."""
+    totals = rows.sum(axis=1, keepdims=True)
+    off = np.abs(totals - 1.0) > 1e-6
+    return np.where(off & (totals > 0), rows / np.where(totals > 0, totals, 1.0), rows)
+
+
 def _khisti_plans(target: Tensor, draft: Tensor, count: Tensor, need: Tensor, truncation: int) -> dict[int, Any]:
     """Host LPs (``spec_ref.KhistiSolver.plan``) for the rows in ``need [R]``: row -> SolverPlan.
 
@@ -464,8 +484,8 @@ def _khisti_plans(target: Tensor, draft: Tensor, count: Tensor, need: Tensor, tr
     if not idx:
         return {}
     solver = KhistiSolver(truncation)
-    targets = target[idx].to(torch.float64).cpu().numpy()
-    drafts = draft[idx].to(torch.float64).cpu().numpy()
+    targets = _renormalised_beyond_reference_tolerance(target[idx].to(torch.float64).cpu().numpy())
+    drafts = _renormalised_beyond_reference_tolerance(draft[idx].to(torch.float64).cpu().numpy())
     counts = count[idx].cpu().tolist()
     plans: dict[int, Any] = {}
     shared: dict[tuple[bytes, bytes, int], Any] = {}  # rows with identical (p, q, k) share one LP solve
@@ -758,7 +778,7 @@ def _tree_mc_driver(
     threshold = u_cell * grand
     row_j = torch.searchsorted(cumulative, threshold.unsqueeze(1).contiguous(), right=True).squeeze(1)
     last_row = torch.searchsorted(cumulative, grand.unsqueeze(1).contiguous(), right=False).squeeze(1)
-    row_j = torch.minimum(row_j, last_row).clamp(min=1)
+    row_j = torch.minimum(row_j, last_row).clamp(min=1, max=big)  # max: NaN totals (unvalidated input)
     before = cumulative.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1)
     within = ((threshold - before) / coef.gather(1, row_j.unsqueeze(1)).squeeze(1)).clamp_min(0)
     in_row = torch.zeros(batch, dtype=torch.long, device=device)
@@ -781,7 +801,7 @@ def _tree_mc_driver(
         cum = torch.cumsum(mass, dim=1)
         pick = torch.searchsorted(cum, within[sel].unsqueeze(1).contiguous(), right=True)
         last_pos = torch.searchsorted(cum, cum[:, -1:].contiguous(), right=False)
-        in_row[sel] = torch.minimum(pick, last_pos).squeeze(1)
+        in_row[sel] = torch.minimum(pick, last_pos).squeeze(1).clamp(0, mass.shape[1] - 1)
     coupled = has_cells & is_last & (in_row == x_row)
     leaf = path.gather(1, length.unsqueeze(1)).squeeze(1)
     stop_node = torch.where(coupled | ~has_cells, leaf, chosen_parent)
@@ -1000,10 +1020,34 @@ def _check_inputs(
             )
     if method == "specinfer" and options.get("specinfer_order", "uniform") not in ("uniform", "draw"):
         raise ValueError(f"specinfer_order must be 'uniform' or 'draw', got {options.get('specinfer_order')!r}")
+    if method == "khisti" and tree.max_draws > KHISTI_MAX_DRAWS:
+        raise ValueError(
+            f"khisti solves one pair LP per draw: tree.max_draws={tree.max_draws} is more than {KHISTI_MAX_DRAWS}"
+        )
     for name in ("spectr_iterations", "khisti_truncation"):
         value = options.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}")
+    if options.get("validate", True):
+        _check_values(method, tree, target_probs, draft_probs, uniforms, need)
+
+
+def _check_values(
+    method: str, tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, need: int
+) -> None:
+    """Values at the real slots: token ids in [0, V), p (and q where draws were made from it) finite,
+    non-negative and normalised, the consumed uniforms in [0, 1) (spec_fast/_validate.py)."""
+    vocab = int(target_probs.shape[2])
+    valid = tree.valid.to(torch.bool)
+    drafted = valid & (tree.parents >= 0)
+    check_token_ids("tree.tokens", torch.where(drafted, tree.tokens, torch.zeros_like(tree.tokens)), vocab)
+    check_token_ids("tree.draws", tree.draws[valid], vocab, padding=torch.ones_like(tree.draws[valid], dtype=torch.bool))
+    check_probabilities("target_probs", target_probs, valid)
+    if method not in _DETERMINISTIC_OK:
+        has_draws = valid & (tree.draws[:, :, 0] >= 0) if tree.max_draws > 0 else torch.zeros_like(valid)
+        check_probabilities("draft_probs", draft_probs, has_draws)
+    if need > 0:
+        check_uniforms("uniforms", uniforms[:, :, :need], valid)
 
 
 def verify_tree(
@@ -1057,10 +1101,18 @@ def verify_tree(
 
 
 def _assemble(tree: FlatTree, node: Tensor, token: Tensor, max_depth: int) -> TreeVerifyOutput:
-    """Accepted path slots (root first), tau, emitted tokens from the accepted node and the extra token."""
+    """Accepted path slots (root first), tau, emitted tokens from the accepted node and the extra token.
+
+    Guard for unvalidated input (``validate=False``), without a host sync: an accepted node that is not a
+    real slot becomes the root, so no emitted id ever leaves
+    the vocabulary (drafted ids of real slots are ids the drafter sampled, every drawn id comes from
+    :func:`_inverse_cdf`, which clamps, and the greedy walk's argmax is always in range)."""
     batch = tree.batch_size
     device = tree.tokens.device
     rows = torch.arange(batch, device=device)
+    real = (node >= 0) & (node < tree.num_slots)
+    real &= tree.valid[rows, node.clamp(0, tree.num_slots - 1)]
+    node = torch.where(real, node, torch.zeros_like(node))
     width = max_depth + 1
     tau = tree.depths[rows, node]
     slots = torch.full((batch, width + 1), -1, dtype=torch.long, device=device)

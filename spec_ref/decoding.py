@@ -64,7 +64,8 @@ def decoding_operator(
 ) -> npt.NDArray[np.float64]:
     """G(logits): the processed next-token distribution ``[V]`` in float64.
 
-    1. ``z = logits / T``. ``T = 0`` is greedy: the result is one-hot at :func:`greedy_token` (ties to the
+    1. ``z = (logits - max logits) / T`` (the shift leaves G unchanged and keeps ``z`` finite for any
+       ``T > 0``). ``T = 0`` is greedy: the result is one-hot at :func:`greedy_token` (ties to the
        lowest id) and top-k/top-p are irrelevant; nothing is ever divided by 0.
     2. top-k (if ``1 <= top_k < V``): ``t`` = the k-th largest ``z``; every ``z_x < t`` becomes -inf, ties
        at ``t`` are kept (as HF ``TopKLogitsWarper`` and vLLM do).
@@ -83,7 +84,10 @@ def decoding_operator(
         out = np.zeros(vocab_size, dtype=np.float64)
         out[int(np.argmax(z))] = 1.0
         return out
-    z = z / float(temperature)
+    # Shifted before dividing: the same distribution, and z <= 0 never overflows, so a tiny temperature
+    # (1e-38, 1e-300) gives the T -> 0 limit (uniform over the tied maxima) instead of inf - inf = NaN.
+    with np.errstate(over="ignore"):  # a gap / tiny T beyond float64 is -inf: probability exactly 0
+        z = (z - z.max()) / float(temperature)
     if top_k is not None and int(top_k) < vocab_size:
         kth_largest = np.sort(z)[vocab_size - int(top_k)]
         z = np.where(z < kth_largest, -np.inf, z)

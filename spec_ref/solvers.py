@@ -529,7 +529,14 @@ class KhistiSolver(Solver):
     def __repr__(self) -> str:
         return f"KhistiSolver(truncation={self.truncation})"
 
+    #: The most draws one node may have: Khisti solves one pair LP per draw after the first.
+    MAX_DRAWS = 256
+
     def _plan(self, target: Vector, draft: Vector, k: int) -> SolverPlan:
+        if k > self.MAX_DRAWS:
+            raise ValueError(
+                f"k={k} draws need {k - 1} pair LPs; KhistiSolver accepts at most k={self.MAX_DRAWS} per node"
+            )
         rounds: list[KhistiRound] = []
         champion_law = draft
         for _ in range(2, k + 1):  # rounds depend on (p, q, k) only: computed once per node

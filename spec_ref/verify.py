@@ -361,6 +361,13 @@ def path_zero(tree: DraftTree) -> tuple[int, ...]:
     return tuple(nodes)
 
 
+def _capped_ratio(numerator: Any, denominator: Any, one: Any) -> Any:
+    """``min(1, numerator / denominator)`` for ``denominator > 0`` without dividing when the ratio would
+    reach 1: a subnormal draft probability (5e-324) would otherwise overflow the quotient to inf (and a
+    0 * inf later to NaN)."""
+    return one if numerator >= denominator else numerator / denominator
+
+
 def _path_q(probs: TreeProbabilities, node: int) -> Vector:
     q = probs.draft[node]
     assert q is not None  # refused deterministic trees are the only ones with draws but no q
@@ -393,8 +400,7 @@ def bv_acceptances(tree: DraftTree, probs: TreeProbabilities) -> tuple[tuple[Any
     for i in range(1, length + 1):
         parent, token = nodes[i - 1], tree.tokens[nodes[i]]
         p, q = probs.target[parent], _path_q(probs, parent)
-        ratio = weights[-1] * p[token] / q[token]
-        weights.append(ratio if ratio < 1 else one)
+        weights.append(_capped_ratio(weights[-1] * p[token], q[token], one))
     h: list[Any] = []
     for i in range(1, length):
         p, q = probs.target[nodes[i]], _path_q(probs, nodes[i])
@@ -440,8 +446,7 @@ def _tree_mc(tree: DraftTree, probs: TreeProbabilities, rng: RandomSource) -> tu
         if j >= 2:
             cells[j - 2, tree.tokens[nodes[j - 1]]] = one * 0  # "accept x_{j-1} and stop" is not an outcome
         excess = positive_part(q - s_prev * p).sum()
-        ratio = s_prev * p[token] / q[token]
-        s_j = ratio if ratio < 1 else one
+        s_j = _capped_ratio(s_prev * p[token], q[token], one)
         scale = (one - s_j) / excess if excess > 0 else one
         cells = cells * scale  # rescale every earlier row
         cells[j - 1, :] = scale * positive_part(s_prev * p - q)
@@ -486,8 +491,7 @@ def _traversal(tree: DraftTree, probs: TreeProbabilities, sibling_model: str, rn
         assert q is not None
         if not q[token] > 0:
             return zero
-        ratio = weight[u] * current_target[u][token] / q[token]
-        return ratio if ratio < 1 else one
+        return _capped_ratio(weight[u] * current_target[u][token], q[token], one)
 
     def refresh(u: int) -> None:  # the remaining subtrees below u are pristine: recompute their weights
         for child, dup in rounds[u]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
 from spec_fast.verify import (
     _khisti_plans,
     _khisti_tables,
@@ -43,7 +44,12 @@ SOLVER_NAMES = ("nss", "naive", "spectr", "specinfer", "khisti")
 Tensor = torch.Tensor
 
 
-def _check(solver: str, target_probs: Tensor, draft_probs: Tensor) -> None:
+def _check(
+    solver: str, target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor | None = None,
+    uniforms: Tensor | None = None,
+) -> None:
+    """Shapes, then values (spec_fast/_validate.py): finite, non-negative, normalised p and q, token ids in
+    [0, V) with -1 padding after the draws, uniforms in [0, 1)."""
     if solver not in SOLVER_NAMES:
         raise ValueError(f"solver={solver!r} must be one of {SOLVER_NAMES}")
     if target_probs.dim() != 2 or draft_probs.shape != target_probs.shape:
@@ -51,6 +57,14 @@ def _check(solver: str, target_probs: Tensor, draft_probs: Tensor) -> None:
             f"target_probs.shape={tuple(target_probs.shape)} and draft_probs.shape={tuple(draft_probs.shape)} "
             "must both be (B, V)"
         )
+    check_probabilities("target_probs", target_probs)
+    check_probabilities("draft_probs", draft_probs)
+    if draft_tokens is not None:
+        if draft_tokens.dim() != 2 or draft_tokens.shape[0] != target_probs.shape[0]:
+            raise ValueError(f"draft_tokens.shape={tuple(draft_tokens.shape)} must be (B, K) with B={target_probs.shape[0]}")
+        check_token_ids("draft_tokens", draft_tokens, int(target_probs.shape[1]), padding=torch.ones_like(draft_tokens, dtype=torch.bool))
+    if uniforms is not None:
+        check_uniforms("uniforms", uniforms)
 
 
 def _at_least_one_column(draft_tokens: Tensor) -> Tensor:
@@ -71,7 +85,7 @@ def solver_sample(
     solver: str, target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, uniforms: Tensor, **options: Any
 ) -> Tensor:
     """``[B]`` output tokens; ``uniforms [B, M]`` in the solver's budget order (``spec_ref/solvers.py``)."""
-    _check(solver, target_probs, draft_probs)
+    _check(solver, target_probs, draft_probs, draft_tokens, uniforms)
     draft_tokens = _at_least_one_column(draft_tokens)
     rows = torch.arange(target_probs.shape[0], device=target_probs.device)
     node = _Node(target_probs, draft_probs, draft_tokens, (draft_tokens >= 0).sum(dim=1), uniforms, rows, rows * 0)
@@ -116,7 +130,7 @@ def solver_branching(
     solver: str, target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, **options: Any
 ) -> Tensor:
     """``[B, V]`` float64: the law of the solver's output given the draws ``draft_tokens [B, K]``."""
-    _check(solver, target_probs, draft_probs)
+    _check(solver, target_probs, draft_probs, draft_tokens)
     draft_tokens = _at_least_one_column(draft_tokens)
     batch, vocab = target_probs.shape
     k_max = draft_tokens.shape[1]

@@ -100,3 +100,18 @@ def test_topk_trees_with_ties_and_point_masses_equal_the_reference_rule(depth: i
     prompt = [11, 9]
     got = _engine_tree(f"topk:{depth},{top_k},{budget}", prompt, drafter)
     assert got == _reference_tree(draft_topk_tree(_retrieval_model(drafter, prompt), depth, top_k, budget))
+
+
+@pytest.mark.parametrize("d0,dmax,budget", [(1, 3, 6), (2, 3, 8), (1, 2, 3), (1, 2, 2)])
+def test_dynatree_trees_with_ties_equal_the_reference_rule(d0: int, dmax: int, budget: int) -> None:
+    """Exact ties in the retrieval law (tokens 5 and 7 both follow 9 twice): DynaTree's branching takes
+    the tied children lowest id first, like the reference; a highest-id tie rule changes the draw order
+    (and, at a budget cut, the tree)."""
+    from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
+
+    drafter = RetrievalDrafter(SuffixIndex(_TIE_SEQS, 16, 4), 16, 4)
+    prompt = [11, 9]
+    got = _engine_tree(f"dynatree:{d0},{dmax},{budget}", prompt, drafter)
+    params = DynaTreeParams(base_depth=d0, max_depth=dmax, node_budget=budget)
+    tree, _ = draft_dynatree(_retrieval_model(drafter, prompt), params, DynaTreeHistory())
+    assert got == _reference_tree(tree)

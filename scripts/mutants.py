@@ -1,0 +1,364 @@
+"""Mutation check: apply each catalogued lossy or wrong variant to a temporary copy of the repository, one at a
+time, and run the tests that should catch it (docs/testing.md section 7).
+
+Every mutant is an exact text patch ``(old -> new)`` of one source file: ``old`` must occur exactly once in
+the current source (``--check`` verifies that without running anything; a CI test runs it so the catalogue
+cannot rot). A mutant is *killed* when its tests fail (pytest exit status 1); anything else is reported:
+``survived`` (tests pass), ``timeout``, ``error`` (collection/import error, exit status 2-4).
+
+The test-side negative controls in ``tests/ref/mutants.py`` (solver subclasses fed to the exact and
+statistical checks) complement this catalogue: those prove a check *can* fail, these prove the product code
+is pinned by the suite.
+
+    PYTHONPATH=$PWD python scripts/mutants.py            # full catalogue -> bench/results/mutants.{json,md}
+    PYTHONPATH=$PWD python scripts/mutants.py --fast     # the quick subset (a few minutes)
+    PYTHONPATH=$PWD python scripts/mutants.py --check    # only check that every patch applies
+    PYTHONPATH=$PWD python scripts/mutants.py --only NAME[,NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # file relative to the repository root
+    edits: tuple[tuple[str, str], ...]  # (old, new); each old occurs exactly once
+    tests: tuple[str, ...]  # pytest arguments (files, node ids, -k expressions)
+    why: str
+    fast: bool = False
+
+
+def _m(name: str, path: str, old: str, new: str, tests: tuple[str, ...], why: str, fast: bool = False) -> Mutant:
+    return Mutant(name, path, ((old, new),), tests, why, fast)
+
+
+REF_VERIFY = ("tests/ref/test_verify_exact.py",)
+REF_SOLVERS = ("tests/ref/test_solvers_exact.py", "tests/ref/test_rng_and_inputs.py")
+PARITY = ("tests/fast/test_kernels_parity.py", "tests/fast/test_traversal_rejections.py")
+
+CATALOGUE: tuple[Mutant, ...] = (
+    # ------------------------------------------------------------------ spec_ref sampling primitives
+    _m("accept-non-strict", "spec_ref/_sampling.py",
+       "return bool(u * draft_mass < target_mass)", "return bool(u * draft_mass <= target_mass)",
+       ("tests/ref/test_rng_and_inputs.py",), "u = 0 accepts a token of zero target mass", fast=True),
+    _m("residual-uniform-fallback", "spec_ref/_sampling.py",
+       "    return a / a.sum()  # type: ignore[no-any-return]",
+       "    return np.ones_like(a) / a.shape[0]  # type: ignore[no-any-return]",
+       ("tests/ref/test_rng_and_inputs.py",), "zero residual mass falls back to uniform, not to p"),
+    _m("inverse-cdf-left", "spec_ref/_sampling.py", 'side="right"', 'side="left"',
+       ("tests/ref/test_rng_and_inputs.py", "tests/fast/test_kernels_parity.py"),
+       "inverse CDF can return a zero-weight index"),
+    # ------------------------------------------------------------------ spec_ref solvers
+    _m("naive-resample-from-p", "spec_ref/solvers.py",
+       "        if accept(rng.uniform(), q[first], p[first]):\n            return first\n        return rng.categorical(residual(p, q))",
+       "        if accept(rng.uniform(), q[first], p[first]):\n            return first\n        return rng.categorical(p)",
+       REF_SOLVERS, "on rejection resample from p instead of (p - q)+", fast=True),
+    _m("spectr-rho-one", "spec_ref/solvers.py",
+       "        rho = rho_star(target, draft, k, self.iterations)\n",
+       "        rho = target.sum() / target.sum()\n", REF_SOLVERS, "SpecTr with rho = 1"),
+    _m("spectr-rho-lower-bracket", "spec_ref/solvers.py", "    return hi  # type: ignore[no-any-return]",
+       "    return lo  # type: ignore[no-any-return]", REF_SOLVERS, "SpecTr rho from the infeasible bracket end"),
+    _m("spectr-no-beta-guard", "spec_ref/solvers.py",
+       "gamma = accept_all / beta if beta > 0 else rho", "gamma = accept_all / beta",
+       REF_SOLVERS, "SpecTr 0/0 on disjoint supports"),
+    _m("specinfer-no-residual-update", "spec_ref/solvers.py",
+       "            chain.append(residual(chain[-1], draft))", "            chain.append(chain[-1])",
+       REF_SOLVERS, "SpecInfer tests every draw against p"),
+    _m("khisti-keep-not-complemented", "spec_ref/solvers.py",
+       "return self.keep[a, b] if a < b else one - self.keep[a, b]",
+       "return self.keep[a, b] if a < b else self.keep[a, b]",
+       REF_SOLVERS, "Khisti: the second draw of a pair kept with the first's probability"),
+    # ------------------------------------------------------------------ spec_ref tree verifiers
+    _m("naive-tree-residual-is-p", "spec_ref/verify.py",
+       "            return parent, stream.categorical(residual(p, q))",
+       "            return parent, stream.categorical(p)", REF_VERIFY, "OT driver correction drawn from p"),
+    _m("bv-denominator-without-weight", "spec_ref/verify.py",
+       "        d = z + (one - weights[i])", "        d = z + one", REF_VERIFY, "BV h_i = Z/(Z+1) instead of Z/(Z+1-w)"),
+    _m("bv-residual-unweighted", "spec_ref/verify.py",
+       "residual(weights[tau] * probs.target[node], _path_q(probs, node))",
+       "residual(probs.target[node], _path_q(probs, node))", ("tests/ref/test_weighted_residuals.py", *REF_VERIFY),
+       "BV correction from Res(p, q)"),
+    _m("tree-mc-no-rescale", "spec_ref/verify.py",
+       "scale = (one - s_j) / excess if excess > 0 else one", "scale = one",
+       REF_VERIFY, "tree verification without the t_j rescaling of earlier rows"),
+    _m("traversal-mass-without-weight", "spec_ref/verify.py",
+       "        mass = positive_part(weight[u] * current_target[u] - q)",
+       "        mass = positive_part(current_target[u] - q)", REF_VERIFY, "Traversal residual ignores w_u"),
+    _m("capped-ratio-inverted", "spec_ref/verify.py",
+       "return one if numerator >= denominator else numerator / denominator",
+       "return one if numerator >= denominator else numerator / (denominator + denominator)",
+       REF_VERIFY, "path weights halved below 1"),
+    # ------------------------------------------------------------------ spec_ref decoding operator
+    _m("top-k-drops-ties", "spec_ref/decoding.py",
+       "z = np.where(z < kth_largest, -np.inf, z)", "z = np.where(z <= kth_largest, -np.inf, z)",
+       ("tests/ref/test_decoding.py",), "top-k drops the k-th largest and its ties", fast=True),
+    _m("top-p-non-strict", "spec_ref/decoding.py",
+       "keep_sorted = mass_before < float(top_p)", "keep_sorted = mass_before <= float(top_p)",
+       ("tests/ref/test_decoding.py",), "top-p keeps one token too many at an exact boundary"),
+    # ------------------------------------------------------------------ spec_ref tensorisation, dual heads, DynaTree
+    _m("position-id-is-slot", "spec_ref/tensorize.py",
+       "        positions[i] = positions[parent] + 1", "        positions[i] = i",
+       ("tests/ref/test_tensorize.py",), "position ids by slot instead of depth"),
+    _m("mask-without-self", "spec_ref/tensorize.py",
+       "        mask[i, i] = True", "        mask[i, i] = False",
+       ("tests/ref/test_tensorize.py",), "a node does not attend to itself"),
+    _m("route-ties-to-head-two", "spec_ref/dual.py", "    if mu_a >= mu_b:", "    if mu_a > mu_b:",
+       ("tests/ref/test_dual.py",), "routing ties go to head 2"),
+    _m("route-score-sum", "spec_ref/dual.py", "    return total / len(scores)", "    return total",
+       ("tests/ref/test_dual.py",), "routing score is the sum, not the mean, of confidences"),
+    _m("merged-argmax-highest-id", "spec_ref/dual.py",
+       "        if probs[t] > probs[best]:", "        if probs[t] >= probs[best]:",
+       ("tests/ref/test_dual.py", "tests/ref/test_verify_greedy_and_errors.py"), "greedy ties to the highest id"),
+    _m("merged-longest-ties-to-head-two", "spec_ref/dual.py",
+       "                if length + 1 > best[0]:", "                if length + 1 >= best[0]:",
+       ("tests/ref/test_dual.py",), "equal matches go to the later head"),
+    _m("dynatree-branch-threshold-strict", "spec_ref/dynatree.py",
+       "    if confidence >= params.tau_high:", "    if confidence > params.tau_high:",
+       ("tests/ref/test_dynatree.py",), "confidence at tau_high takes the lower branch count"),
+    _m("dynatree-no-depth-limit", "spec_ref/dynatree.py",
+       "or depth >= params.max_depth or", "or depth > params.max_depth or",
+       ("tests/ref/test_dynatree.py",), "DynaTree expands one level past max_depth"),
+    # ------------------------------------------------------------------ spec_fast verification kernels
+    _m("fast-traversal-old-weight-after-reject", "spec_fast/verify.py",
+       "        weight[sel, lev] = torch.where(apply, updated, weight[sel, lev])",
+       "        weight[sel, lev] = torch.where(apply, w, weight[sel, lev])",
+       PARITY, "Traversal keeps the old node weight after a REJECT", fast=True),
+    Mutant("fast-inverse-cdf-float32-single-level", "spec_fast/verify.py", (
+        ("    if vocab < _CHUNKED_CDF_MIN_VOCAB:\n", "    if True:\n"),
+        ("        cumulative = torch.cumsum(weights, dim=1, dtype=F64)  # [R, V]",
+         "        cumulative = torch.cumsum(weights, dim=1).to(F64)  # [R, V]"),
+    ), ("tests/fast/test_inverse_cdf_large_vocab.py",), "one float32 cumulative sum at V = 151936", fast=True),
+    _m("fast-inverse-cdf-float32-chunk-totals", "spec_fast/verify.py",
+       "reshape(rows, full, size).sum(dim=2, dtype=F64)]", "reshape(rows, full, size).sum(dim=2).to(F64)]",
+       ("tests/fast/test_inverse_cdf_large_vocab.py",), "float32 chunk totals in the two-level inverse CDF"),
+    _m("fast-residual-uniform-fallback", "spec_fast/verify.py",
+       "    return mass.addcmul_(base, empty)", "    return mass.add_(empty / base.shape[1])",
+       ("tests/fast/test_bad_values.py", *PARITY), "zero residual mass falls back to uniform"),
+    _m("fast-naive-accept-non-strict", "spec_fast/verify.py",
+       "    accepted = ~leaf & (u0 * q_x < p_x)", "    accepted = ~leaf & (u0 * q_x <= p_x)",
+       PARITY, "u = 0 accepts a zero-mass draft (naive)"),
+    _m("fast-bv-denominator-without-weight", "spec_fast/verify.py",
+       "        d = z + (1 - w_i)", "        d = z + 1", PARITY, "BV h_i = Z/(Z+1)"),
+    _m("fast-inverse-cdf-no-clamp", "spec_fast/verify.py",
+       "        return torch.minimum(index, last_positive).squeeze(1).clamp_(0, vocab - 1)",
+       "        return index.squeeze(1)", ("tests/fast/test_inverse_cdf_large_vocab.py",),
+       "no guard: id V on NaN rows, zero-weight ids on rounding"),
+    _m("fast-specinfer-no-residual-update", "spec_fast/verify.py",
+       "current = torch.where(advance, _normalised_residual(current, draft64), current)",
+       "current = torch.where(advance, current, current)", PARITY, "SpecInfer tests every draw against p"),
+    _m("fast-spectr-rho-one", "spec_fast/verify.py",
+       "        rho = _rho_star(node.target, node.draft, count, iterations)",
+       "        rho = torch.ones_like(_rho_star(node.target, node.draft, count, iterations))", PARITY,
+       "SpecTr with rho = 1 (device path)"),
+    # ------------------------------------------------------------------ spec_fast decoding operator
+    _m("fast-top-k-drops-ties", "spec_fast/decoding.py",
+       "keep_sorted = sorted_logits >= threshold", "keep_sorted = sorted_logits > threshold",
+       ("tests/fast/test_decoding_operator.py",), "top-k drops the ties at the threshold", fast=True),
+    _m("fast-decoding-unshifted", "spec_fast/decoding.py",
+       "keep_sorted, (sorted_logits - row_max) / safe_t,", "keep_sorted, sorted_logits / safe_t,",
+       ("tests/fast/test_bad_values.py",), "logits / 1e-38 overflows to a NaN softmax"),
+    # ------------------------------------------------------------------ engine: tree attention, KV cache, drafting
+    _m("mask-entry-without-self", "spec_fast/tree_attention.py",
+       "        row[:, num_old + j] = True", "        row[:, num_old + j] = False",
+       ("tests/engine/test_tree_attention_and_cache.py",), "a block entry does not attend to itself"),
+    _m("position-id-off-by-one", "spec_fast/kv_cache.py",
+       "depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1",
+       "depths = self.ancestors[:, -num_query:, :].sum(dim=-1)",
+       ("tests/engine/test_tree_attention_and_cache.py",), "tree nodes one position too far"),
+    _m("kv-gather-index-off-by-one", "spec_fast/kv_cache.py",
+       "block_src = torch.gather(keep, 1, offset.clamp(0, keep.shape[1] - 1))",
+       "block_src = torch.gather(keep, 1, (offset + 1).clamp(0, keep.shape[1] - 1))",
+       ("tests/engine/test_tree_attention_and_cache.py",), "commit gathers the next block entry's KV"),
+    _m("engine-dynatree-ties-to-highest-id", "spec_fast/engine.py",
+       "            top_vals, top_ids = _topk_lowest_id(q, min(bmax, q.shape[-1]))",
+       "            top_vals, top_ids = torch.topk(q.flip(-1), min(bmax, q.shape[-1]), dim=-1)\n"
+       "            top_ids = q.shape[-1] - 1 - top_ids",
+       ("tests/engine/test_drafting_decisions.py::test_dynatree_trees_with_ties_equal_the_reference_rule",),
+       "DynaTree branching takes tied children highest id first", fast=True),
+)
+
+
+def check_catalogue(root: Path = ROOT) -> list[str]:
+    """Problems that keep a mutant from applying to the current source (empty when all apply)."""
+    problems = []
+    names = [m.name for m in CATALOGUE]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"duplicate mutant name {name}")
+    for mutant in CATALOGUE:
+        path = root / mutant.path
+        if not path.is_file():
+            problems.append(f"{mutant.name}: {mutant.path} does not exist")
+            continue
+        text = path.read_text()
+        for old, new in mutant.edits:
+            count = text.count(old)
+            if count != 1:
+                problems.append(f"{mutant.name}: the old text occurs {count} times in {mutant.path}: {old!r}")
+            if old == new:
+                problems.append(f"{mutant.name}: an edit does not change anything")
+        for test in mutant.tests:
+            test_path = test.split("::")[0]
+            if not (root / test_path).exists():
+                problems.append(f"{mutant.name}: test {test_path} does not exist")
+    return problems
+
+
+def apply(mutant: Mutant, root: Path) -> str:
+    """Apply ``mutant`` under ``root``; returns the original text of the file (to restore it)."""
+    path = root / mutant.path
+    original = path.read_text()
+    text = original
+    for old, new in mutant.edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"mutant {mutant.name} does not apply to {mutant.path}")
+        text = text.replace(old, new)
+    path.write_text(text)
+    return original
+
+
+def copy_repository(destination: Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the working tree (what a commit would hold)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, check=True,
+        capture_output=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
+    original = apply(mutant, copy)
+    env = dict(os.environ, CI="true", PYTHONPATH=str(copy), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-m", "not gpu",
+               *mutant.tests]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        code, output = -1, (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else str(err.stdout or "")
+    finally:
+        (copy / mutant.path).write_text(original)
+    seconds = time.perf_counter() - start
+    status = {0: "survived", 1: "killed", -1: "timeout"}.get(code, "error")
+    failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
+    errors = re.findall(r"^ERROR (\S+)", output, flags=re.MULTILINE)
+    if status == "error" and re.search(r"^\d+ failed\b", output, flags=re.MULTILINE):
+        status = "killed"  # a test failed, then a reporting plugin raised (pytest exit status 3)
+        failed = failed or re.findall(r"^_{3,} (\S+) _{3,}$", output, flags=re.MULTILINE)
+    return {
+        "name": mutant.name, "file": mutant.path, "why": mutant.why, "status": status, "exit_code": code,
+        "killed_by": (failed or errors or [""])[0], "tests": list(mutant.tests), "seconds": round(seconds, 1),
+        "commit": commit(),
+        "tail": "" if status == "killed" else output[-1500:],
+    }
+
+
+def hardware() -> str:
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def write_results(results: list[dict[str, object]], command: str, seconds: float) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    killed = sum(r["status"] == "killed" for r in results)
+    payload = {"command": command, "commit": commit(), "hardware": hardware(), "python": platform.python_version(),
+               "seconds": round(seconds, 1), "killed": killed, "total": len(results), "mutants": results}
+    (RESULTS / "mutants.json").write_text(json.dumps(payload, indent=2) + "\n")
+    lines = [
+        "# Mutation check", "",
+        f"`{command}` at commit `{payload['commit']}` on {payload['hardware']} (Python {payload['python']}), "
+        f"{payload['seconds']} s.", "",
+        f"**{killed} of {len(results)} mutants killed.** Each mutant is an exact text patch of one source file "
+        "(catalogue in `scripts/mutants.py`), applied alone to a temporary copy of the repository; it is killed "
+        "when the listed tests fail.", "",
+        "| mutant | file | lossy/wrong behaviour | status | killing test | s | commit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['name']} | `{r['file']}` | {r['why']} | {r['status']} | `{r['killed_by']}` | "
+                     f"{r['seconds']} | {r.get('commit', '')} |")
+    (RESULTS / "mutants.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fast", action="store_true", help="run only the quick subset")
+    parser.add_argument("--check", action="store_true", help="only check that every patch applies")
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant (default 900)")
+    parser.add_argument("--no-write", action="store_true", help="do not write bench/results/mutants.*")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: replace those mutants' entries in the committed results (re-runs after a fix)")
+    args = parser.parse_args(argv)
+    problems = check_catalogue()
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"all {len(CATALOGUE)} mutants apply to the current source")
+        return 0
+    chosen = [m for m in CATALOGUE if (not args.fast or m.fast)]
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {m.name for m in CATALOGUE}
+        if unknown:
+            print(f"error: unknown mutant(s) {sorted(unknown)}", file=sys.stderr)
+            return 2
+        chosen = [m for m in CATALOGUE if m.name in wanted]
+    start = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="spec-verify-mutants-") as tmp:
+        copy = Path(tmp)
+        copy_repository(copy)
+        for mutant in chosen:
+            result = run_one(mutant, copy, args.timeout)
+            results.append(result)
+            print(f"{result['status']:>8}  {mutant.name}  ({result['seconds']} s)  {result['killed_by']}", flush=True)
+    seconds = time.perf_counter() - start
+    killed = sum(r["status"] == "killed" for r in results)
+    print(f"{killed} of {len(results)} mutants killed in {seconds:.0f} s")
+    if args.update and args.only and (RESULTS / "mutants.json").exists():
+        previous = json.loads((RESULTS / "mutants.json").read_text())
+        # the current catalogue, in order: fresh entries where re-run, committed ones otherwise (a mutant
+        # removed from the catalogue is dropped)
+        known = {str(r["name"]): {"commit": previous["commit"], **r} for r in previous["mutants"]}
+        known.update({str(r["name"]): r for r in results})
+        merged = [known[m.name] for m in CATALOGUE if m.name in known]
+        command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
+        write_results(merged, command, previous["seconds"] + seconds)
+    elif not args.no_write and not args.only:
+        write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds)
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

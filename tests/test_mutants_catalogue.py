@@ -1,0 +1,38 @@
+"""The mutation catalogue (scripts/mutants.py) cannot rot: every patch still applies exactly once to the
+current source and names existing tests. The full run is slow and lives outside CI; its result is committed
+in bench/results/mutants.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutants.py"
+
+
+def _catalogue() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutants_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_catalogued_mutant_applies_to_the_current_source() -> None:
+    mutants = _catalogue()
+    assert mutants.check_catalogue() == []
+    assert len(mutants.CATALOGUE) >= 30
+    assert any(m.fast for m in mutants.CATALOGUE)
+    files = {m.path for m in mutants.CATALOGUE}
+    assert {"spec_ref/verify.py", "spec_ref/solvers.py", "spec_fast/verify.py", "spec_fast/kv_cache.py"} <= files
+
+
+def test_a_patch_that_no_longer_applies_is_reported(tmp_path: Path) -> None:
+    mutants = _catalogue()
+    (tmp_path / "spec_ref").mkdir()
+    (tmp_path / "spec_ref" / "_sampling.py").write_text("nothing to mutate here\n")
+    problems = mutants.check_catalogue(tmp_path)
+    assert any(p.startswith("accept-non-strict: the old text occurs 0 times") for p in problems)
