@@ -384,7 +384,7 @@ class SpeculativeDecoder:
                       ) -> tuple[list[list[int]], list[int]]:
         """Emit the accepted tokens, gather every cache to the accepted path, queue what a drafter lacks."""
         batch = len(st.active)
-        entries = dual.head_entries if dual is not None else (draft.entries,)
+        entries = dual.head_entries if dual is not None else (draft.entries,) * len(st.heads)
         # host side: one read of this step's small tensors (stopping, streaming, cache bookkeeping)
         slots, tokens, nxt, nacc, depths, choice, head_of, entry_lists = _read_back(verified, draft, dual, entries)
         drafted = depth_cap >= 1
