@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "or an HF model id/path "
                           f"sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default model, "
                           f"{DEFAULT_CUSTOM_DRAFT} for any other --model)")
+    gen.add_argument("--dual", default=None, choices=["merge", "route"],
+                     help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge) or "
+                          "only the more confident head's tree each step (route); needs a chain or topk strategy")
     gen.add_argument("--strategy", default=None,
                      help="ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | dynatree[:D0,DMAX,BUDGET], "
                           "optionally +adaptive (default chain:2 with a named draft, else chain:2+adaptive)")
@@ -85,21 +88,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft_spec = str(args.draft or (DEFAULT_DRAFT if args.model is None else DEFAULT_CUSTOM_DRAFT))
         from spec_fast.heads import DRAFTER_NAMES
 
-        named = draft_spec in DRAFTER_NAMES  # a committed draft (trained or retrieval), loaded by name
+        specs = draft_spec.split(",")
+        if len(specs) > 2 or (len(specs) == 2) != bool(args.dual):
+            raise ValueError(f"--dual needs exactly two drafts '--draft A,B' and two drafts need --dual, got "
+                             f"--draft {draft_spec!r} with --dual {args.dual}")
+        # committed drafts (trained or retrieval), loaded by name
+        named = all(spec in DRAFTER_NAMES for spec in specs)
         default = "ar" if draft_spec == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
         strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
+        drafters: list[Drafter] = []
         drafter: Drafter | None = None
-        if strategy.drafts:
+        for draft_spec in specs if strategy.drafts else []:
             if draft_spec.startswith("early-exit:"):
                 try:
                     layers = int(draft_spec.split(":", 1)[1])
                 except ValueError:
                     raise ValueError(f"--draft early-exit:N needs an integer N, got {draft_spec!r}") from None
                 drafter = EarlyExitDrafter(model, layers)
-            elif named:
+            elif draft_spec in DRAFTER_NAMES:
                 from spec_fast.heads import load_drafter
 
                 drafter = load_drafter(draft_spec, model)
@@ -108,6 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 draft_model, _ = load_model(draft_spec, dtype=args.dtype, device=args.device)
                 drafter = ModelDrafter(draft_model)
+            drafters.append(drafter)
+        drafter = drafters[0] if drafters else None
+        if len(drafters) == 2:
+            from spec_fast.dual import DualDrafter
+
+            drafter = DualDrafter(drafters[0], drafters[1], mode=str(args.dual))
         decoder = SpeculativeDecoder(model, drafter, strategy)
         prompt_ids = chat_prompt_ids(tokenizer, args.prompt, system=args.system, chat=not args.no_chat)
         eos = tokenizer.eos_token_id

@@ -224,3 +224,13 @@ def test_smollm2_greedy_dual_output_equals_ar(smollm2: Any, mode: str) -> None:
     dual = DualDrafter(EarlyExitDrafter(model, 8), EarlyExitDrafter(model, 12), mode)
     got = SpeculativeDecoder(model, dual, parse_strategy("topk:3,2,6")).generate(prompts, max_new_tokens=16)
     assert got.tokens == want
+
+
+@pytest.mark.parametrize("argv", [["generate", "hi", "--draft", "rnn,retrieval"],
+                                  ["generate", "hi", "--draft", "retrieval", "--dual", "merge"],
+                                  ["generate", "hi", "--draft", "rnn,eagle,retrieval", "--dual", "route"]])
+def test_cli_dual_needs_two_drafts_and_a_mode(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from spec_fast.cli import main
+
+    assert main(argv) == 2
+    assert "--dual needs exactly two drafts" in capsys.readouterr().err
