@@ -541,11 +541,9 @@ def _advance_head(head: HeadTrack, b: int, path: list[int], tokens: list[int], e
 
 
 def _aligned(state: Any) -> bool:
-    """True when every row's context fills the physical context (no padding slots)."""
-    lengths = getattr(state, "lengths", None)
-    if lengths is None:
-        return False
-    return bool((lengths == state.context_size).all().item())
+    """True when every row's context fills the physical context (no padding slots), from the cache's
+    host-side flag (no device read); False for states that are not a :class:`TreeKVCache`."""
+    return isinstance(state, TreeKVCache) and not state.padded
 
 
 def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:
