@@ -234,3 +234,24 @@ def test_cli_dual_needs_two_drafts_and_a_mode(argv: list[str], capsys: pytest.Ca
 
     assert main(argv) == 2
     assert "--dual needs exactly two drafts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode,temperature", [("merge", 0.0), ("route", 0.0), ("merge", 0.9), ("route", 0.9)])
+def test_both_heads_caches_follow_the_committed_text_whichever_head_won(mode: str, temperature: float) -> None:
+    """After generation each model head's cache equals a fresh prefill of the committed text it has seen
+    (all but its pending tokens), and its pending tokens end at the last committed token (seeds/000 7)."""
+    from spec_fast.decoding import SamplingParams
+    from tests.engine.test_tree_attention_and_cache import _assert_cache_equal, _fresh_cache
+
+    first, second = ModelDrafter(DRAFT_MODEL), EarlyExitDrafter(TARGET, 1)
+    decoder = SpeculativeDecoder(TARGET, DualDrafter(first, second, mode), parse_strategy("topk:3,2,5"))
+    result = decoder.generate(PROMPTS, max_new_tokens=9, sampling=SamplingParams(temperature=temperature, seed=2))
+    assert result.state is not None
+    for b, committed in enumerate(result.state.committed):
+        _assert_cache_equal(result.state.target_cache.key_values(b), _fresh_cache(TARGET, committed[:-1]))
+        for head, drafter in zip(result.state.heads, (first, second)):
+            pending = head.pending[b]
+            assert pending and pending == committed[len(committed) - len(pending):]
+            seen = committed[: len(committed) - len(pending)]
+            if seen:
+                _assert_cache_equal(head.state.key_values(b), _fresh_cache(drafter.model, seen))
