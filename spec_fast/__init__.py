@@ -31,9 +31,12 @@ _EXPORTS: dict[str, str] = {
     "ModelDrafter": "spec_fast.drafters",
     "early_exit_model": "spec_fast.drafters",
     "GenerationResult": "spec_fast.engine",
-    "SamplingParams": "spec_fast.engine",
+    "SamplingParams": "spec_fast.decoding",
+    "DecodeState": "spec_fast.engine",
     "SpeculativeDecoder": "spec_fast.engine",
-    "greedy_verify": "spec_fast.engine",
+    "verify_greedy": "spec_fast.verify",
+    # dual drafts (seed 000 routing, seed 001 merged tree)
+    "DualDrafter": "spec_fast.dual",
     "TreeKVCache": "spec_fast.kv_cache",
     "GenerationMetrics": "spec_fast.metrics",
     "chat_prompt_ids": "spec_fast.models",
@@ -55,7 +58,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["FlatTree", "decoding_operator", "counter_uniforms", "METHODS", "TreeVerifyOutput",
     "draw_uniforms", "uniforms_per_node", "verify_tree", "solver_sample", "solver_branching",
     "solver_acceptance", "Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model",
-    "GenerationResult", "SamplingParams", "SpeculativeDecoder", "greedy_verify", "TreeKVCache",
+    "GenerationResult", "SamplingParams", "DecodeState", "SpeculativeDecoder", "verify_greedy", "DualDrafter",
+    "TreeKVCache",
     "GenerationMetrics", "chat_prompt_ids", "load_model", "Strategy", "parse_strategy", "DRAFT_NAMES",
     "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head", "generate", "Completion"]
 
@@ -75,9 +79,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from spec_fast.api import Completion, generate
-    from spec_fast.decoding import decoding_operator
+    from spec_fast.decoding import SamplingParams, decoding_operator
     from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
-    from spec_fast.engine import GenerationResult, SamplingParams, SpeculativeDecoder, greedy_verify
+    from spec_fast.dual import DualDrafter
+    from spec_fast.engine import DecodeState, GenerationResult, SpeculativeDecoder
     from spec_fast.flat_tree import FlatTree
     from spec_fast.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
     from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
@@ -86,4 +91,5 @@ if TYPE_CHECKING:
     from spec_fast.models import chat_prompt_ids, load_model
     from spec_fast.rng import counter_uniforms
     from spec_fast.strategies import Strategy, parse_strategy
-    from spec_fast.verify import METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_tree
+    from spec_fast.verify import (METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_greedy,
+                                  verify_tree)

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from spec_fast.settings import DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, SettingError, resolve_settings
+from spec_fast.settings import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, ModelSource, SettingError,
+                                resolve_settings)
 
 if TYPE_CHECKING:  # the engine (torch) is imported only once a model loads
     from spec_fast.metrics import GenerationMetrics
@@ -166,7 +167,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     calls with the same model, dtype, device, draft and strategy."""
     import torch
 
-    from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter
+    from spec_fast.drafters import Drafter
     from spec_fast.engine import SpeculativeDecoder
     from spec_fast.models import load_model
 
@@ -182,23 +183,36 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
                                       gguf_file=source.gguf_file, notify=notify)
         _LOADED.append(_Loaded(key, model, tokenizer, {}))
     loaded = _LOADED[0]
-    decoder_key = (settings.draft, settings.strategy)
+    decoder_key = (settings.draft, settings.dual, settings.strategy)
     if decoder_key not in loaded.decoders:
         drafter: Drafter | None = None
         if settings.strategy.drafts:
-            if settings.draft.startswith("early-exit:"):
-                drafter = EarlyExitDrafter(loaded.model, int(settings.draft.split(":", 1)[1]))
-            elif settings.draft_model is not None:
-                draft_source = settings.draft_model
-                draft_model, _ = load_model(draft_source.path, dtype=settings.dtype, device=settings.device,
-                                            gguf_file=draft_source.gguf_file, notify=notify)
-                drafter = ModelDrafter(draft_model)
-            else:
-                from spec_fast.heads import load_drafter
+            drafters = [_load_drafter(name, source, loaded.model, settings, notify)
+                        for name, source in zip(settings.draft.split(","), settings.draft_models)]
+            drafter = drafters[0]
+            if len(drafters) == 2:
+                from spec_fast.dual import DualDrafter
 
-                drafter = load_drafter(settings.draft, loaded.model)
+                drafter = DualDrafter(drafters[0], drafters[1], mode=str(settings.dual))
         loaded.decoders[decoder_key] = SpeculativeDecoder(loaded.model, drafter, settings.strategy)
     return loaded.decoders[decoder_key], loaded.tokenizer
+
+
+def _load_drafter(name: str, source: ModelSource | None, target: Any, settings: GenerateSettings,
+                  notify: Callable[[str], None] | None) -> Any:
+    """One drafter by its checked name (``source``: the draft model's location, for model drafts)."""
+    from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
+    from spec_fast.models import load_model
+
+    if name.startswith("early-exit:"):
+        return EarlyExitDrafter(target, int(name.split(":", 1)[1]))
+    if source is not None:
+        draft_model, _ = load_model(source.path, dtype=settings.dtype, device=settings.device,
+                                    gguf_file=source.gguf_file, notify=notify)
+        return ModelDrafter(draft_model)
+    from spec_fast.heads import load_drafter
+
+    return load_drafter(name, target)
 
 
 def complete(
@@ -258,6 +272,7 @@ def generate(
     model: str | None = None,
     gguf_file: str | None = None,
     draft: str | None = None,
+    dual: str | None = None,
     strategy: str | None = None,
     verifier: str | None = None,
     dtype: str = "float32",
@@ -272,13 +287,14 @@ def generate(
     cache of :mod:`spec_fast.cache`), its chat template, greedy decoding (``temperature=0``), the draft and
     strategy of :func:`spec_fast.settings.resolve_settings`, ``threads=1`` torch CPU threads (``None``
     leaves torch's setting; bench/results/threads.md). Every argument is checked before a model loads
-    (``ValueError`` naming it). ``on_text(chunk)`` streams the text.
+    (``ValueError`` naming it). ``on_text(chunk)`` streams the text. Two drafts ``draft="rnn,retrieval"``
+    need ``dual="merge"`` or ``"route"``.
     """
     settings = resolve_settings(
         model=model, gguf_file=gguf_file, draft=draft, strategy=strategy, verifier=verifier,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
         stop=None if stop is None else (stop if isinstance(stop, str) else tuple(stop)), system=system,
-        chat=chat, dtype=dtype, device=device, threads=threads,
+        chat=chat, dtype=dtype, device=device, threads=threads, dual=dual,
     )
     messages = prompt_messages(prompt, settings.system, settings.chat)
     decoder, tokenizer = load_decoder(settings, notify=_notify_stderr)

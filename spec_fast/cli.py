@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"'early-exit:N' (the target's first N layers, no training), 'none', or a draft model "
                           f"folder sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default "
                           f"model, {DEFAULT_CUSTOM_DRAFT} for any other --model)")
+    gen.add_argument("--dual", default=None, choices=["merge", "route"],
+                     help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge) or "
+                          "only the more confident head's tree each step (route); needs a chain or topk strategy")
     gen.add_argument("--strategy", default=None,
                      help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | "
                           f"dynatree[:D0,DMAX,BUDGET], optionally +adaptive (plain steps while drafting does not "
@@ -137,7 +140,7 @@ def _main(argv: Sequence[str] | None) -> int:
             model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,
             verifier=args.verifier, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()), system=args.system,
-            chat=not args.no_chat, dtype=args.dtype, device=args.device, threads=args.threads,
+            chat=not args.no_chat, dtype=args.dtype, device=args.device, threads=args.threads, dual=args.dual,
         )
         from spec_fast.api import prompt_messages
 

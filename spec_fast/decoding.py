@@ -16,13 +16,45 @@ Same definition and tie-breaks as :func:`spec_ref.decoding_operator` (ALGORITHMS
 
 Rows only differ from the float64 reference where a top-p boundary mass lies within float rounding of
 ``top_p`` (the differential test counts such rows).
+
+:class:`SamplingParams` holds one request's parameters of G (and its seed); :func:`sampling_probs` applies
+G with them to logits of any leading shape.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["decoding_operator"]
+__all__ = ["decoding_operator", "SamplingParams", "sampling_probs"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; ``top_k`` 0 = off; ``top_p`` 1.0 = off; ``seed`` for reproducibility."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and t < float("inf")):
+            raise ValueError(f"temperature must be a finite number >= 0, got temperature={t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got top_k={self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1] (1 = off), got top_p={p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64 - 1:
+            # seed seeds the draft's torch.Generator and seed + 1 the verifier's 64-bit counter stream
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1), got seed={self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def decoding_operator(
@@ -121,3 +153,14 @@ def _check_values(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 
 
 _RULES = {"temperature": "finite and >= 0", "top_k": "an integer >= 0 (0 = off)", "top_p": "in (0, 1]"}
+
+
+def sampling_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits -> G(logits) ``[..., V]`` float32 with one request's parameters."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = flat.shape[0]
+    # float64: a tiny T (1e-300) must not flush to 0 (greedy) before the operator sees it
+    t = torch.full((rows,), float(sampling.temperature), dtype=torch.float64, device=flat.device)
+    k = torch.full((rows,), int(sampling.top_k), dtype=torch.long, device=flat.device)
+    p = torch.full((rows,), float(sampling.top_p), device=flat.device)
+    return decoding_operator(flat, t, k, p, validate=False).reshape(logits.shape)  # SamplingParams checked

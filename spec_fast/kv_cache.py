@@ -118,9 +118,10 @@ class TreeKVCache:
             self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
             self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
             return
-        start = int(self.lengths.min().item()) if batch > 0 else 0
-        new_size = int(new_lengths.max().item())
-        self.padded = batch > 0 and int(new_lengths.min().item()) < new_size
+        # one host read for the three sizes the gather needs
+        start, new_size, new_min = (torch.stack([self.lengths.min(), new_lengths.max(), new_lengths.min()]).tolist()
+                                    if batch > 0 else (0, 0, 0))
+        self.padded = batch > 0 and new_min < new_size
         width = new_size - start
         if width > 0:
             # target slot j (>= start) of row b takes physical slot:

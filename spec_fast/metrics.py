@@ -42,6 +42,11 @@ class GenerationMetrics:
     depth_reached: list[int] = field(default_factory=list)
     depth_accepted: list[int] = field(default_factory=list)
     peak_memory_bytes: int = 0
+    #: dual drafts (heads 1, 2): draft tokens accepted from each head's tree, and per (row, step) the head
+    #: whose tree was verified (route) or that supplied the accepted path (merge; steps accepting none
+    #: count for neither)
+    head_accepted_tokens: list[int] = field(default_factory=list)
+    head_selected: list[int] = field(default_factory=list)
 
     @property
     def block_efficiency(self) -> float:

@@ -42,6 +42,7 @@ DEFAULT_THREADS = 1
 NAMED_DRAFTS = ("distilled", "eagle", "rnn", "heads", "retrieval", "distilled+retrieval", "eagle+retrieval",
                 "rnn+retrieval")
 DTYPES = ("float32", "bfloat16", "float16")
+DUAL_MODES = ("merge", "route")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
@@ -112,6 +113,8 @@ class GenerateSettings:
     model: ModelSource
     draft: str
     draft_model: ModelSource | None
+    draft_models: tuple[ModelSource | None, ...]
+    dual: str | None
     strategy: Strategy
     temperature: float
     top_k: int
@@ -130,9 +133,26 @@ class GenerateSettings:
         out = asdict(self)
         out["model"] = self.model.describe()
         out["draft_model"] = self.draft_model.describe() if self.draft_model else None
+        out["draft_models"] = [m.describe() if m else None for m in self.draft_models]
         out["strategy"] = self.strategy.label()
         out["stop"] = list(self.stop)
         return out
+
+
+def _draft_source(name: str) -> ModelSource | None:
+    """The model a draft name loads (None for named, early-exit and absent drafts); checks the name."""
+    if name.startswith("early-exit:"):
+        layers = name.split(":", 1)[1]
+        if not layers.isdigit() or int(layers) < 1:
+            raise SettingError("draft", f"early-exit:N needs an integer N >= 1, got {name!r}")
+        return None
+    if name in NAMED_DRAFTS or name == "none":
+        return None
+    try:
+        return resolve_model_source(name, None, "draft")
+    except SettingError:
+        raise SettingError("draft", f"{name!r} is not a draft name ({', '.join(NAMED_DRAFTS)}), "
+                                    f"early-exit:N, none, a model folder or a hub id org/name") from None
 
 
 def _int(name: str, value: object, minimum: int | None) -> int:
@@ -160,13 +180,14 @@ def resolve_settings(
     dtype: str = "float32",
     device: str = "cpu",
     threads: int | None = DEFAULT_THREADS,
+    dual: str | None = None,
 ) -> GenerateSettings:
     """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
 
     ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
     with a named draft and ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
-    own thread count.
+    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge`` or ``route``, :class:`spec_fast.dual.DualDrafter`).
     """
     t = temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):
@@ -193,18 +214,16 @@ def resolve_settings(
     draft_name = draft if draft is not None else (DEFAULT_DRAFT if target.path is None else DEFAULT_CUSTOM_DRAFT)
     if not isinstance(draft_name, str) or not draft_name:
         raise SettingError("draft", f"must be a draft name, early-exit:N, none or a model, got {draft!r}")
-    draft_model: ModelSource | None = None
-    named = draft_name in NAMED_DRAFTS
-    if draft_name.startswith("early-exit:"):
-        layers = draft_name.split(":", 1)[1]
-        if not layers.isdigit() or int(layers) < 1:
-            raise SettingError("draft", f"early-exit:N needs an integer N >= 1, got {draft_name!r}")
-    elif not named and draft_name != "none":
-        try:
-            draft_model = resolve_model_source(draft_name, None, "draft")
-        except SettingError:
-            raise SettingError("draft", f"{draft_name!r} is not a draft name ({', '.join(NAMED_DRAFTS)}), "
-                                        f"early-exit:N, none, a model folder or a hub id org/name") from None
+    if dual is not None and dual not in DUAL_MODES:
+        raise SettingError("dual", f"must be one of {', '.join(DUAL_MODES)}, got {dual!r}")
+    names = tuple(draft_name.split(","))
+    if len(names) > 2 or (len(names) == 2) != (dual is not None):
+        raise SettingError("dual", f"--dual needs exactly two drafts '--draft A,B' and two drafts need --dual, "
+                                   f"got --draft {draft_name!r} with --dual {dual}")
+    if len(names) == 2 and "none" in names:
+        raise SettingError("draft", f"two drafts cannot include 'none', got {draft_name!r}")
+    draft_models = tuple(_draft_source(name) for name in names)
+    named = all(name in NAMED_DRAFTS for name in names)
 
     default_strategy = "ar" if draft_name == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
     try:
@@ -216,7 +235,8 @@ def resolve_settings(
     if temperature > 0 and parsed.drafts and parsed.verifier == "greedy":
         raise SettingError("verifier", "'greedy' needs temperature 0; choose a sampling verifier")
     return GenerateSettings(
-        model=target, draft=draft_name, draft_model=draft_model, strategy=parsed, temperature=float(temperature),
+        model=target, draft=draft_name, draft_model=draft_models[0], draft_models=draft_models, dual=dual,
+        strategy=parsed, temperature=float(temperature),
         top_k=top_k, top_p=float(top_p), seed=seed, max_new_tokens=max_new_tokens, stop=stops, system=system,
         chat=bool(chat), dtype=dtype, device=device, threads=threads,
     )

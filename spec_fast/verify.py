@@ -62,6 +62,7 @@ __all__ = [
     "METHODS",
     "TreeVerifyOutput",
     "verify_tree",
+    "verify_greedy",
     "uniforms_per_node",
     "draw_uniforms",
     "child_slots",
@@ -634,24 +635,36 @@ def _ot_driver(
     return current, next_token
 
 
-def _greedy_driver(tree: FlatTree, target_probs: Tensor, children: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:
-    """Greedy (ALGORITHMS.md 8): follow child(u, argmax p_u) (lowest id on ties) while it exists."""
-    batch = tree.batch_size
-    device = tree.tokens.device
-    rows = torch.arange(batch, device=device)
-    current = torch.zeros(batch, dtype=torch.long, device=device)
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
-    next_token = torch.full((batch,), -1, dtype=torch.long, device=device)
-    for _ in range(max_depth + 1):
-        y = torch.argmax(target_probs[rows, current], dim=1)
-        draws = tree.draws[rows, current]
-        match = draws == y.unsqueeze(1)
-        has_child = match.any(dim=1)
-        child = children[rows, current, match.long().argmax(dim=1)]
-        next_token = torch.where(alive & ~has_child, y, next_token)
-        current = torch.where(alive & has_child, child, current)
-        alive = alive & has_child
-    return current, next_token
+def _greedy_driver(tree: FlatTree, target_scores: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:
+    """Greedy (ALGORITHMS.md 8): the deepest node whose every token equals the argmax of the target
+    scores (probabilities or raw logits) at its parent, lowest id on ties; among equally deep such nodes
+    the lowest slot. With children merged by token there is one such path; on a merged dual tree whose
+    heads both proposed a token this is the longest match over both subtrees, ties to head 1 (lower slots),
+    as :func:`spec_ref.dual.verify_merged_greedy`. One pass of tensor ops per depth, no host reads."""
+    best = target_scores.argmax(dim=-1)  # [B, N], first maximum = lowest id
+    parent = tree.parents.clamp(min=0)
+    matches = tree.valid & (tree.parents >= 0) & (tree.tokens == torch.gather(best, 1, parent))
+    accepted = tree.parents < 0  # the root (and padding, which no valid node has as parent)
+    accepted = accepted & tree.valid
+    for depth in range(1, max_depth + 1):
+        level = matches & (tree.depths == depth) & torch.gather(accepted, 1, parent)
+        accepted = accepted | level
+    depth_of = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
+    node = depth_of.argmax(dim=1)  # first maximum: the lowest slot among the deepest accepted nodes
+    return node, torch.gather(best, 1, node.unsqueeze(1)).squeeze(1)
+
+
+def verify_greedy(tree: FlatTree, target_scores: Tensor, max_depth: int | None = None) -> TreeVerifyOutput:
+    """Exact greedy verification (ALGORITHMS.md 8) of ``tree`` against ``target_scores [B, N, V]`` (raw
+    target logits or probabilities; only their argmax is read). Same as ``verify_tree("greedy", ...)``
+    without the unused draft and uniform inputs; also correct on trees with duplicate sibling tokens
+    (merged dual trees, :func:`_greedy_driver`). ``max_depth`` skips one host read when given."""
+    if target_scores.dim() != 3 or target_scores.shape[:2] != tree.tokens.shape:
+        raise ValueError(f"target_scores.shape={tuple(target_scores.shape)} must be (B, N, V) with "
+                         f"(B, N)={tuple(tree.tokens.shape)}")
+    depth = int(tree.depths.max()) if max_depth is None else int(max_depth)
+    node, token = _greedy_driver(tree, target_scores, depth)
+    return _assemble(tree, node, token, depth)
 
 
 def _path_weights(
@@ -1083,7 +1096,7 @@ def verify_tree(
         tree = FlatTree(tree.tokens, tree.parents, tree.depths, pad, tree.valid, tree.process)
     children = child_slots(tree)
     if method in GREEDY_METHODS:
-        node, token = _greedy_driver(tree, target_probs, children, max_depth)
+        node, token = _greedy_driver(tree, target_probs, max_depth)
     elif method in OT_METHODS or method == "naive":
         node, token = _ot_driver(method, tree, target_probs, draft_probs, uniforms, children, max_depth, ctx, options)
     elif method == "bv":

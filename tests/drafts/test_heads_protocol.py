@@ -67,9 +67,8 @@ def test_rnn_head_drafts_from_the_verifiers_true_feature_of_the_previous_token(t
     feature of the token before the root (seeds/000 section 7), whatever was accepted before."""
     head = _head(target, "rnn")
     decoder = SpeculativeDecoder(target, HeadDrafter(head), parse_strategy("chain:1"))
-    decoder.record_trees = True
     prompt = PROMPTS[0]
-    result = decoder.generate([prompt], NEW_TOKENS)
+    result = decoder.generate([prompt], NEW_TOKENS, record_trees=True)
     text = prompt + result.tokens[0]
     with torch.no_grad():
         features = target(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]  # [T, H]
@@ -78,7 +77,7 @@ def test_rnn_head_drafts_from_the_verifiers_true_feature_of_the_previous_token(t
         expected = head.head(head.features(embeds.unsqueeze(0), prev.unsqueeze(0)))[0].argmax(-1)  # [T]
     root = len(prompt) - 1  # position of the root token of the first step
     checked = 0
-    for tree in decoder.recorded_trees:
+    for tree in result.trees:
         if tree.num_slots < 2:  # the last step drafts nothing
             continue
         assert int(tree.tokens[0, 1]) == int(expected[root])

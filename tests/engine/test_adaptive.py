@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spec_fast.drafters import EarlyExitDrafter
-from spec_fast.engine import SamplingParams, SpeculativeDecoder, _AdaptiveController
+from spec_fast.adaptive import AdaptiveController as _AdaptiveController
+from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama
 
@@ -55,16 +56,18 @@ def test_peek_does_not_count_a_step() -> None:
     assert (controller.since_probe, controller.probe_every) == state
 
 
-def test_decoder_keeps_its_controller_across_generate_calls_and_separates_greedy_from_sampling() -> None:
+def test_decoder_keeps_its_controller_across_greedy_calls_and_sampling_never_consults_it() -> None:
     target = tiny_llama()
     decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy("chain:2+adaptive"))
     decoder.generate([PROMPTS[0]], max_new_tokens=6)
-    greedy = decoder._controllers[True]
+    greedy = decoder.controller
+    assert greedy is not None
     steps = greedy.steps
     decoder.generate([PROMPTS[1]], max_new_tokens=6)
-    assert decoder._controllers[True] is greedy and greedy.steps > steps
-    decoder.generate([PROMPTS[1]], max_new_tokens=6, sampling=SamplingParams(temperature=1.0, seed=1))
-    assert decoder._controllers[False] is not greedy
+    assert decoder.controller is greedy and greedy.steps > steps
+    steps = greedy.steps
+    result = decoder.generate([PROMPTS[1]], max_new_tokens=6, sampling=SamplingParams(temperature=1.0, seed=1))
+    assert greedy.steps == steps and result.state is not None and result.state.controller is None
 
 
 @pytest.mark.parametrize("strategy", ["chain:3+adaptive", "iid:2x2+adaptive", "topk:3,2,5+adaptive", "dynatree+adaptive"])
@@ -76,7 +79,7 @@ def test_lazy_draft_prefill_stays_byte_identical_to_hf_generate(strategy: str) -
     controller = _AdaptiveController(probe_every=3)
     controller.observe(True, 1.0, 10.0)
     controller.observe(False, 1.0, 0.001)
-    decoder._controllers[True] = controller
+    decoder.controller = controller
     # measured seconds of real steps would let speculation win back; freeze the rates
     controller.observe = lambda spec, tokens, seconds: _AdaptiveController.observe(  # type: ignore[method-assign]
         controller, spec, 1.0, 10.0 if spec else 0.001)
@@ -85,7 +88,7 @@ def test_lazy_draft_prefill_stays_byte_identical_to_hf_generate(strategy: str) -
     for prompt in PROMPTS:
         result = decoder.generate([prompt], max_new_tokens=20)
         assert result.tokens == [hf_greedy(target, prompt, 20)]
-        assert not decoder._prefilled_draft
+        assert result.state is not None and not result.state.heads[0].prefilled
         draft_passes += result.metrics.draft_passes
     assert draft_passes >= 1  # the probes did draft
     batch = decoder.generate(PROMPTS, max_new_tokens=20)  # ragged batch, lazily prefilled

@@ -84,6 +84,7 @@ def test_the_prefill_serves_the_first_step_so_no_pass_is_spent_on_the_last_promp
     assert result.tokens == [hf_greedy(target, p, 10) for p in prompts]
     # HF generate's count: one prefill pass over the whole prompt, then one pass per step after the first
     # (plain decoding: 10 tokens = 1 prefill + 9 passes)
-    assert decoder.last_target_state.passes == 1 + result.metrics.target_passes - (0 if st.drafts else 1)
+    assert result.state is not None
+    assert result.state.target_cache.passes == 1 + result.metrics.target_passes - (0 if st.drafts else 1)
     if not st.drafts:
         assert result.metrics.target_passes == 10

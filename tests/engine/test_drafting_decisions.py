@@ -39,9 +39,7 @@ def _draft_model(prompt: list[int]) -> Any:
 def _engine_tree(strategy: str, prompt: list[int], drafter: Any = DRAFTER
                  ) -> tuple[set[tuple[int, ...]], dict[tuple[int, ...], list[int]]]:
     decoder = SpeculativeDecoder(TARGET, drafter, parse_strategy(strategy))
-    decoder.record_trees = True
-    decoder.generate([prompt], max_new_tokens=12)
-    tree: FlatTree = decoder.recorded_trees[0]
+    tree: FlatTree = decoder.generate([prompt], max_new_tokens=12, record_trees=True).trees[0]
     tokens, parents, valid = tree.tokens[0].tolist(), tree.parents[0].tolist(), tree.valid[0].tolist()
     paths: dict[int, tuple[int, ...]] = {0: ()}
     for i in range(1, len(tokens)):

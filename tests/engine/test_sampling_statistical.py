@@ -101,9 +101,10 @@ def test_first_two_tokens_follow_the_exact_autoregressive_law(strategy: str, ver
 class _WrongQDecoder(SpeculativeDecoder):
     """Mutant (test only): the verifier sees a uniform q instead of the law the drafts came from."""
 
-    def _verify_sampling(self, tree: Any, target_logits: Any, draft_probs: Any, sampling: Any, offset: int) -> Any:
+    def _verify_sampling(self, method: str, draft: Any, target_logits: Any, draft_probs: Any, sampling: Any,
+                         offset: int) -> Any:
         wrong = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
-        return super()._verify_sampling(tree, target_logits, wrong, sampling, offset)
+        return super()._verify_sampling(method, draft, target_logits, wrong, sampling, offset)
 
 
 def test_the_chi2_test_rejects_a_verifier_fed_the_wrong_draft_distribution() -> None:

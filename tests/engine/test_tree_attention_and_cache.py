@@ -88,12 +88,15 @@ def test_caches_after_generation_equal_a_fresh_prefill_of_the_accepted_text(
     prompts = [[1, 5, 7, 9, 3], [4, 2], [11]]
     drafter = EarlyExitDrafter(model, 2)
     decoder = SpeculativeDecoder(model, drafter, parse_strategy(strategy))
-    decoder.generate(prompts, max_new_tokens=new_tokens, sampling=SamplingParams(temperature=temperature, seed=5))
+    result = decoder.generate(prompts, max_new_tokens=new_tokens, sampling=SamplingParams(temperature=temperature, seed=5))
+    state = result.state
+    assert state is not None
+    (head,) = state.heads
     for b in range(len(prompts)):
-        committed = decoder.last_committed[b]
+        committed = state.committed[b]
         assert len(committed) >= len(prompts[b]) + new_tokens
-        _assert_cache_equal(decoder.last_target_state.key_values(b), _fresh_cache(model, committed[:-1]))
-        in_draft = committed[: len(committed) - len(decoder.last_pending[b])]
-        assert decoder.last_pending[b][-1] == committed[-1]
+        _assert_cache_equal(state.target_cache.key_values(b), _fresh_cache(model, committed[:-1]))
+        in_draft = committed[: len(committed) - len(head.pending[b])]
+        assert head.pending[b][-1] == committed[-1]
         if in_draft:
-            _assert_cache_equal(decoder.last_draft_state.key_values(b), _fresh_cache(drafter.model, in_draft))
+            _assert_cache_equal(head.state.key_values(b), _fresh_cache(drafter.model, in_draft))

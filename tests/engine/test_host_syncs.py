@@ -1,0 +1,79 @@
+"""Host-device synchronisations per decoding step, counted by wrapping the tensor methods that read device
+values on the host (``item``, ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``__index__``).
+
+Budget per step (chain draft, one model drafter): one read-back of the step's small tensors by the engine
+(accepted path, next tokens, entries) and one size read per KV-cache commit (target and draft) = 3. A
+top-k tree adds two reads per drafted level (the frontier's ranked tokens); a dual draft doubles the
+drafting and commit reads. On CPU these are cheap; on an accelerator they are the points where the host
+waits, so the test pins them (TESTING.md: measured, not timed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
+from spec_fast.dual import DualDrafter
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.strategies import parse_strategy
+from tests.engine.models import tiny_llama
+
+TARGET = tiny_llama(vocab_size=32, seed=21)
+DRAFT = tiny_llama(vocab_size=32, layers=1, seed=4)
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextmanager
+def counting_reads() -> Iterator[list[int]]:
+    count = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def wrap(original: Any) -> Any:
+        def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, wrap(original))
+        yield count
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def _reads_per_step(decoder: SpeculativeDecoder, new_tokens: int) -> float:
+    """Reads per step beyond those of a run one step shorter (prefill and set-up cancel out)."""
+    prompts = [[1, 2, 3], [4, 5, 6]]  # same length: the draft caches stay unpadded
+    runs = []
+    for new in (new_tokens, new_tokens + 8):
+        with counting_reads() as count:
+            result = decoder.generate(prompts, max_new_tokens=new)
+        runs.append((count[0], result.metrics.target_passes))
+    (reads_a, steps_a), (reads_b, steps_b) = runs
+    assert steps_b > steps_a
+    return (reads_b - reads_a) / (steps_b - steps_a)
+
+
+@pytest.mark.parametrize("strategy,drafter,budget", [
+    ("ar", None, 2),  # read-back + target commit
+    ("chain:3", "model", 3),
+    ("topk:3,2,5", "model", 3 + 2 * 3),
+    ("chain:3", "dual", 4 + 2 * 2 * 3),  # read-back, 3 commits, each head's top-1 tree reads 2 per level
+])
+def test_host_reads_per_step_stay_within_the_documented_budget(strategy: str, drafter: str | None,
+                                                               budget: int) -> None:
+    made: Any = None
+    if drafter == "model":
+        made = ModelDrafter(DRAFT)
+    elif drafter == "dual":
+        made = DualDrafter(ModelDrafter(DRAFT), EarlyExitDrafter(TARGET, 1), "merge")
+    per_step = _reads_per_step(SpeculativeDecoder(TARGET, made, parse_strategy(strategy)), 8)
+    print(f"{strategy} {drafter}: {per_step:.2f} host reads per step")
+    assert per_step <= budget
