@@ -195,7 +195,9 @@ def resolve_settings(
     _int("top_k", top_k, 0)
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise SettingError("top_p", f"must lie in (0, 1] (1 = off), got {top_p!r}")
-    _int("seed", seed, None)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64 - 1:
+        # seed seeds the draft's torch.Generator and seed + 1 the verifier's 64-bit counter stream
+        raise SettingError("seed", f"must be an integer in [0, 2**64 - 1), got {seed!r}")
     _int("max_new_tokens", max_new_tokens, 1)
     if threads is not None:
         _int("threads", threads, 1)

@@ -70,8 +70,8 @@ def test_the_largest_seed_decodes() -> None:
     ("argv", "message"),
     [
         (["generate", "hi", "--strategy", "iid:128x32", "--temperature", "1"], "4097 nodes per tree"),
-        (["generate", "hi", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1)"),
-        (["generate", "hi", "--seed", "-5"], "got seed=-5"),
+        (["generate", "hi", "--seed", str(2**64)], "--seed: must be an integer in [0, 2**64 - 1)"),
+        (["generate", "hi", "--seed", "-5"], "got -5"),
     ],
 )
 def test_the_cli_reports_size_and_seed_limits_in_one_line(argv: list[str], message: str,
