@@ -19,6 +19,12 @@ so one pass over the ``(K, L1, L2max)`` tree gives all ``L2`` at once (cumulativ
 Branching laws ``B_u(t | D_u)`` are computed with :mod:`spec_ref`'s OT solvers (the eq. 3 machinery of
 :mod:`spec_ref.efficiency`), once per distinct ``(node, draws)`` pair.
 
+Vocabulary compression (exact, :data:`COMPRESSIBLE`): for NSS, NaiveTree, SpecTr and SpecInfer the law at a
+drafted token only depends on the other tokens through sums over tokens of draft mass 0 -- those are never
+drafted, ``(P - q)_+ = P`` and ``min(p / rho, q) = 0`` on them, so every residual treats them linearly --
+so they are merged into one bucket token (``V`` -> ``|supp q| + 1``). Khisti's pair LP ranks single tokens
+by ``p - q1 q2`` and keeps the top ``s``, which a bucket would change, so Khisti always runs on the full V.
+
 :func:`action_efficiencies` is the pure part (numpy, float64, tested against
 :func:`spec_ref.efficiency.expected_block_efficiency`); ``scripts/selector_dataset.py`` draws the shared
 trees with the real models and runs one target pass over their union per root.
@@ -36,7 +42,10 @@ import numpy.typing as npt
 from spec_ref.selector import action_space
 from spec_ref.verify import OT_METHODS, ot_solver
 
-__all__ = ["DelayedDraws", "delayed_tree_paths", "action_efficiencies"]
+__all__ = ["COMPRESSIBLE", "DelayedDraws", "delayed_tree_paths", "action_efficiencies"]
+
+#: Methods whose branching laws are unchanged by merging the tokens of draft mass 0 (module docstring).
+COMPRESSIBLE = ("nss", "naive_tree", "spectr", "specinfer")
 
 Prefix = tuple[int, ...]
 ProbabilityModel = Callable[[Prefix], Any]
@@ -80,15 +89,35 @@ def action_efficiencies(
     draft_model: ProbabilityModel,
     method: str,
     options: Mapping[str, Any] | None = None,
+    compress: bool = True,
 ) -> npt.NDArray[np.float64]:
     """``E[tau + 1 | tree(a)]`` (eq. 3) of every action's tree of one shared draw, ``[A]`` float64 in
     :func:`spec_ref.selector.action_space` order. ``target_model`` / ``draft_model``: prefix (tokens after
     the root) -> p / q ``[V]`` (float64) at every node that has draws; ``method``: an OT method of
-    :mod:`spec_ref.verify` (nss, naive_tree, spectr, specinfer, khisti)."""
+    :mod:`spec_ref.verify` (nss, naive_tree, spectr, specinfer, khisti). ``compress``: merge the tokens of
+    draft mass 0 for the methods of :data:`COMPRESSIBLE` (module docstring; the result is the same)."""
     if method not in OT_METHODS:
         raise ValueError(f"method must be one of the OT methods {OT_METHODS}, got method={method!r}")
     solver = ot_solver(method, dict(options or {}))
     plans: dict[tuple[Prefix, int], Any] = {}
+    supports: dict[Prefix, npt.NDArray[np.int64] | None] = {}
+    compress = compress and method in COMPRESSIBLE
+
+    def support(prefix: Prefix) -> npt.NDArray[np.int64] | None:
+        """Tokens of positive draft mass at ``prefix`` (None: no compression)."""
+        if prefix not in supports:
+            supports[prefix] = np.flatnonzero(np.asarray(draft_model(prefix)) > 0) if compress else None
+        return supports[prefix]
+
+    def compressed(prefix: Prefix) -> tuple[Any, Any]:
+        p, q = np.asarray(target_model(prefix), dtype=np.float64), np.asarray(draft_model(prefix), dtype=np.float64)
+        kept = support(prefix)
+        if kept is None:
+            return p, q
+        outside = np.ones(p.shape[0], dtype=bool)
+        outside[kept] = False
+        return np.append(p[kept], p[outside].sum()), np.append(q[kept], 0.0)
+
     laws: dict[tuple[Prefix, tuple[int, ...]], dict[int, float]] = {}
 
     def law(prefix: Prefix, node_draws: tuple[int, ...]) -> dict[int, float]:
@@ -99,8 +128,12 @@ def action_efficiencies(
             else:
                 plan_key = (prefix, len(node_draws))
                 if plan_key not in plans:
-                    plans[plan_key] = solver.plan(target_model(prefix), draft_model(prefix), len(node_draws))
-                full = solver.branching_planned(plans[plan_key], node_draws)
+                    plans[plan_key] = solver.plan(*compressed(prefix), len(node_draws))
+                kept = support(prefix)
+                local = node_draws if kept is None else tuple(int(i) for i in np.searchsorted(kept, node_draws))
+                reduced = solver.branching_planned(plans[plan_key], local)
+                laws[key] = {t: float(reduced[i]) for t, i in zip(node_draws, local)}
+                return laws[key]
             laws[key] = {t: float(full[t]) for t in set(node_draws)}
         return laws[key]
 
