@@ -28,7 +28,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
 
 from spec_fast.heads import WEIGHTS_DIR  # noqa: E402
 from spec_fast.selector_training import (  # noqa: E402
@@ -36,6 +35,7 @@ from spec_fast.selector_training import (  # noqa: E402
     describe_actions,
     evaluate_policy,
     load_dataset,
+    save_selector,
     split_by_prompt,
     static_baselines,
     train_selector,
@@ -121,12 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         "best_static": describe_actions(data.actions, static_action), "train_roots": int(train_rows.numel()),
         "heldout_roots": int(heldout_rows.numel()), "loss_log": log,
     }
-    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    metadata = {"config": json.dumps(dataclasses.asdict(net.config)), "method": args.method,
+    metadata = {"method": args.method,
                 "baselines": json.dumps({f"{t},{p}": a for (t, p), a in baselines.items()}),
                 "dataset_header": json.dumps(data.header, sort_keys=True), "train_settings": json.dumps(dataclasses.asdict(settings))}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    save_file(state, args.out, metadata=metadata)
+    save_selector(net, args.out, metadata)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "selector_train.json"), "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "results": reports}, handle, indent=1)

@@ -8,6 +8,8 @@
 * :func:`train_selector` -- AdamW on eq. (12) (:func:`spec_fast.selector.selector_loss`, penalty included),
   seeded initialisation, seeded minibatch order, dropout from a seeded generator: the same data, config and
   thread count give bitwise the same weights.
+* :func:`save_selector` / :func:`load_selector` -- the weights as safetensors, the config and anything
+  else (method, baselines, dataset header) as JSON metadata.
 * :func:`evaluate_policy` -- throughput of the policy's argmax action vs the best static action vs the
   per-root oracle, on any set of roots.
 """
@@ -28,7 +30,7 @@ import torch
 from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss
 
 __all__ = ["SelectorData", "TrainSettings", "load_dataset", "split_by_prompt", "static_baselines",
-           "train_selector", "evaluate_policy"]
+           "train_selector", "evaluate_policy", "save_selector", "load_selector"]
 
 
 @dataclass(frozen=True)
@@ -209,3 +211,36 @@ def evaluate_policy(net: SelectorNet, data: SelectorData, rows: torch.Tensor, st
 def describe_actions(actions: Sequence[tuple[int, int, int]], index: int) -> str:
     k, l1, l2 = actions[index]
     return f"(K={k}, L1={l1}, L2={l2})"
+
+
+def save_selector(net: SelectorNet, path: str, metadata: dict[str, str]) -> None:
+    """Write ``net``'s weights (standardisation buffers included) and ``config`` + ``metadata`` to ``path``."""
+    import dataclasses
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    save_file(state, path, metadata={**metadata, "config": json.dumps(dataclasses.asdict(net.config))})
+
+
+def load_selector(path: str) -> tuple[SelectorNet, dict[str, str]]:
+    """``(net in eval mode, metadata)`` from a :func:`save_selector` file."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(path, framework="pt") as handle:
+        metadata: dict[str, str] = dict(handle.metadata() or {})
+    if "config" not in metadata:
+        raise ValueError(f"{path} has no selector config in its metadata")
+    raw = json.loads(metadata["config"])
+    raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+    net = SelectorNet(SelectorConfig(**raw))
+    net.load_state_dict(load_file(path))
+    net.eval()
+    return net, metadata

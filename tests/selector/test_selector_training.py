@@ -17,6 +17,8 @@ from spec_fast.selector_training import (
     TrainSettings,
     evaluate_policy,
     load_dataset,
+    load_selector,
+    save_selector,
     split_by_prompt,
     static_baselines,
     train_selector,
@@ -43,7 +45,7 @@ def _synthetic(n: int = 60, seed: int = 0) -> SelectorData:
                         {"format_version": 1})
 
 
-def test_training_is_bitwise_reproducible_and_seed_dependent() -> None:
+def test_training_is_bitwise_reproducible_and_seed_dependent(tmp_path: object) -> None:
     data = _synthetic()
     train, _ = split_by_prompt(data)
     baselines = static_baselines(data, train)
@@ -53,6 +55,12 @@ def test_training_is_bitwise_reproducible_and_seed_dependent() -> None:
     for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
         assert torch.equal(a, b), name
     assert log1 == log2
+    path = os.path.join(str(tmp_path), "selector.safetensors")
+    save_selector(first, path, {"method": "specinfer"})
+    loaded, metadata = load_selector(path)
+    assert metadata["method"] == "specinfer" and loaded.config == first.config
+    features = data.features(train[:5])
+    assert torch.equal(loaded(features), first(features))  # standardisation buffers travel with the weights
     other, _ = train_selector(data, train, baselines, TrainSettings(steps=8, batch_size=16, seed=4), progress=False)
     assert not torch.equal(first.state_dict()["mlp.0.weight"], other.state_dict()["mlp.0.weight"])
 
