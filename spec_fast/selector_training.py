@@ -111,8 +111,8 @@ class TrainSettings:
     """Optimisation of eq. (12): ``penalty_weight`` lambda, ``worst_fraction`` alpha (appendix E names them
     but gives no values; these are ours), AdamW, a cosine schedule, fixed seed."""
 
-    steps: int = 600
-    batch_size: int = 64
+    steps: int = 300
+    batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 1e-4
     penalty_weight: float = 1.0
