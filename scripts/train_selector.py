@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=TrainSettings.steps)
     parser.add_argument("--batch-size", type=int, default=TrainSettings.batch_size)
     parser.add_argument("--lr", type=float, default=TrainSettings.lr)
+    parser.add_argument("--prior-logit", type=float, default=TrainSettings.prior_logit)
     parser.add_argument("--penalty-weight", type=float, default=TrainSettings.penalty_weight)
     parser.add_argument("--worst-fraction", type=float, default=TrainSettings.worst_fraction)
     parser.add_argument("--seed", type=int, default=TrainSettings.seed)
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         data = load_dataset(args.data, args.method)
-        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, prior_logit=args.prior_logit,
                                  penalty_weight=args.penalty_weight, worst_fraction=args.worst_fraction, seed=args.seed)
         train_rows, heldout_rows = split_by_prompt(data)
         if heldout_rows.numel() == 0:
