@@ -70,6 +70,18 @@ def _markdown(meta: dict[str, object], reports: dict[str, dict[str, object]], ac
                 f"{row['tps_mean']:.2f} | {row.get('tps_mean_vs_best_static', 1.0):.4f} | {row['tps_pooled']:.2f} | "
                 f"{row.get('tps_pooled_vs_best_static', 1.0):.4f} |")
     held = reports["heldout"]
+    policy, oracle = held["policy"], held["oracle"]
+    assert isinstance(policy, dict) and isinstance(oracle, dict)
+    header = meta["dataset_header"]
+    assert isinstance(header, dict)
+    lines += ["", "## Notes", "",
+              f"- Held-out: the policy reaches {policy['tps_mean_vs_best_static']:.3f}x the best static action's mean "
+              f"E/T; the per-root oracle would reach {oracle['tps_mean_vs_best_static']:.3f}x, so the dataset does hold "
+              "context-dependent gains that this policy does not capture.",
+              f"- Dataset: {header.get('roots')} roots, {header.get('trees_per_root')} shared draw(s) per root "
+              f"(seeds/002 averages 4), built in {header.get('seconds')} s by `{header.get('command')}`; latency model "
+              f"(warm-up on the machine that built it): {json.dumps(header.get('latency_model'))}.",
+              "- Offline numbers only: the engine cannot decode with the selector yet, so no tok/s were measured."]
     lines += ["", "Actions the policy chose on held-out roots (K, L1, L2): count", ""]
     policy_actions = held["policy_actions"]
     assert isinstance(policy_actions, dict)
