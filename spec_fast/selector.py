@@ -84,11 +84,22 @@ def _check_probs(probs: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be finite and non-negative")
 
 
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    logs = torch.where(probs > 0, torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny)), torch.zeros_like(probs))
+    return -(probs * logs).sum(dim=-1)
+
+
+def _kl(first: torch.Tensor, second: torch.Tensor, floor: float) -> torch.Tensor:
+    tiny = torch.finfo(first.dtype).tiny
+    log_first = torch.log(first.clamp_min(tiny))
+    log_second = torch.log(second.clamp_min(floor)) if floor > 0 else torch.log(second)
+    return torch.where(first > 0, first * (log_first - log_second), torch.zeros_like(first)).sum(dim=-1)
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """``H(p) = -sum_{p > 0} p log p`` per row of ``probs [B, V]`` (``0 log 0 = 0``) -> ``[B]``."""
     _check_probs(probs, "probs")
-    logs = torch.where(probs > 0, torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny)), torch.zeros_like(probs))
-    return -(probs * logs).sum(dim=-1)
+    return _entropy(probs)
 
 
 def kl_divergence(first: torch.Tensor, second: torch.Tensor, floor: float = KL_FLOOR) -> torch.Tensor:
@@ -102,12 +113,7 @@ def kl_divergence(first: torch.Tensor, second: torch.Tensor, floor: float = KL_F
         raise ValueError(f"first.shape={tuple(first.shape)} must equal second.shape={tuple(second.shape)}")
     if not (math.isfinite(floor) and 0 <= floor < 1):
         raise ValueError(f"floor must lie in [0, 1), got floor={floor!r}")
-    positive = first > 0
-    tiny = torch.finfo(first.dtype).tiny
-    log_first = torch.log(first.clamp_min(tiny))
-    log_second = torch.log(second.clamp_min(floor)) if floor > 0 else torch.log(second)
-    terms = torch.where(positive, first * (log_first - log_second), torch.zeros_like(first))
-    return terms.sum(dim=-1)
+    return _kl(first, second, floor)
 
 
 def l1_distance(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -134,11 +140,11 @@ class RootFeatures:
         return int(self.scalars.shape[0])
 
 
-def _column(values: torch.Tensor, name: str, batch: int, like: torch.Tensor) -> torch.Tensor:
+def _column(values: torch.Tensor, name: str, batch: int, like: torch.Tensor, validate: bool) -> torch.Tensor:
     if values.shape != (batch,):
         raise ValueError(f"{name}.shape={tuple(values.shape)} must be (B,)={(batch,)}")
     out = values.to(device=like.device, dtype=like.dtype)
-    if not bool(torch.isfinite(out).all()) or bool((out < 0).any()):
+    if validate and (not bool(torch.isfinite(out).all()) or bool((out < 0).any())):
         raise ValueError(f"{name} must be finite and non-negative")
     return out
 
@@ -155,8 +161,9 @@ def root_features(
     top_p: torch.Tensor,
     draft_time: torch.Tensor,
     target_time: torch.Tensor,
+    validate: bool = True,
 ) -> RootFeatures:
-    """The appendix-E features of ``B`` roots (module docstring). Batched, no host sync on valid input.
+    """The appendix-E features of ``B`` roots (module docstring), batched.
 
     Args:
         target_hidden_prev: ``[B, Hp]`` target hidden state at the token before the root.
@@ -169,6 +176,8 @@ def root_features(
         draft_time, target_time: ``[B]`` seconds of one draft / target pass at ``|x|`` (eq. 11's t_q, t_p).
 
     Scalars are computed in the dtype of ``target_probs_prev`` (use float64 for exact comparisons).
+    ``validate=False`` skips the value checks (finite, non-negative), which read tensors back to the host;
+    shapes are always checked. The engine's hot path passes laws it made itself and skips them.
     """
     if target_hidden_prev.dim() != 2:
         raise ValueError(f"target_hidden_prev must be [B, Hp], got shape {tuple(target_hidden_prev.shape)}")
@@ -183,20 +192,21 @@ def root_features(
         )
     for name, probs in (("target_probs_prev", target_probs_prev), ("draft_probs_prev", draft_probs_prev),
                         ("draft_probs_root", draft_probs_root)):
-        _check_probs(probs, name)
-        if probs.shape[0] != batch or probs.shape != target_probs_prev.shape:
+        if validate:
+            _check_probs(probs, name)
+        if probs.dim() != 2 or probs.shape[0] != batch or probs.shape != target_probs_prev.shape:
             raise ValueError(f"{name} must be [B={batch}, V={target_probs_prev.shape[1]}], got shape {tuple(probs.shape)}")
     p_prev = target_probs_prev
     q_prev = draft_probs_prev.to(p_prev.dtype)
     q_root = draft_probs_root.to(p_prev.dtype)
     columns = [
-        entropy(p_prev), entropy(q_prev), entropy(q_root),
-        kl_divergence(p_prev, q_prev), kl_divergence(q_prev, p_prev), l1_distance(p_prev, q_prev),
-        _column(context_lengths, "context_lengths", batch, p_prev),
-        _column(temperature, "temperature", batch, p_prev),
-        _column(top_p, "top_p", batch, p_prev),
-        _column(draft_time, "draft_time", batch, p_prev),
-        _column(target_time, "target_time", batch, p_prev),
+        _entropy(p_prev), _entropy(q_prev), _entropy(q_root),
+        _kl(p_prev, q_prev, KL_FLOOR), _kl(q_prev, p_prev, KL_FLOOR), (p_prev - q_prev).abs().sum(dim=-1),
+        _column(context_lengths, "context_lengths", batch, p_prev, validate),
+        _column(temperature, "temperature", batch, p_prev, validate),
+        _column(top_p, "top_p", batch, p_prev, validate),
+        _column(draft_time, "draft_time", batch, p_prev, validate),
+        _column(target_time, "target_time", batch, p_prev, validate),
     ]
     return RootFeatures(target_hidden_prev, draft_hidden_prev, draft_hidden_root, torch.stack(columns, dim=1))
 

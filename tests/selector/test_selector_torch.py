@@ -87,7 +87,7 @@ def _features(rng: np.random.Generator, batch: int = 3, vocab: int = 11) -> tupl
         draft_time=torch.tensor([t_q(int(n)) for n in lengths], dtype=torch.float64),
         target_time=torch.tensor([t_p(int(n)) for n in lengths], dtype=torch.float64),
     )
-    return fast.root_features(**inputs), dict(p=p, qp=qp, qr=qr, lengths=lengths, t_q=t_q, t_p=t_p)
+    return fast.root_features(**inputs), dict(p=p, qp=qp, qr=qr, lengths=lengths, t_q=t_q, t_p=t_p, inputs=inputs)
 
 
 def test_root_features_columns_against_numpy_and_eq_11() -> None:
@@ -109,6 +109,8 @@ def test_root_features_columns_against_numpy_and_eq_11() -> None:
         both = ref.latency_estimate(length, (1, 1, 0), raw["t_q"], raw["t_p"])
         assert col["draft_time"][b] == pytest.approx(both - raw["t_p"](length + 1))
     assert col["context_length"].tolist() == [5.0, 40.0, 17.0]
+    unchecked = fast.root_features(**raw["inputs"], validate=False)
+    assert torch.equal(unchecked.scalars, features.scalars)
     assert col["top_p"].tolist() == pytest.approx([0.9, 1.0, 1.0])
 
 
