@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/train_selector.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": _commit(), "hardware": f"{platform.processor() or platform.machine()}, {args.threads} torch thread(s), CPU",
         "dataset": args.data, "dataset_roots": data.size,
-        "dataset_header": {k: v for k, v in data.header.items() if k != "actions"},  # actions: spec_ref.selector.action_space() "method": args.method,
+        # the 324 actions are spec_ref.selector.action_space(); the copy leaves them out
+        "dataset_header": {k: v for k, v in data.header.items() if k != "actions"}, "method": args.method,
         "settings": dataclasses.asdict(settings), "training_seconds": round(seconds, 1),
         "baselines": {f"T={t},top_p={p}": describe_actions(data.actions, a) for (t, p), a in baselines.items()},
         "best_static": describe_actions(data.actions, static_action), "train_roots": int(train_rows.numel()),
