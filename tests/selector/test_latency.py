@@ -1,0 +1,95 @@
+"""The eq. 11 warm-up microbenchmark (spec_fast.latency) on tiny random models: a valid, positive, monotone
+latency model that feeds spec_ref.selector.latency_table, a non-negative fit, and the JSON cache."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from spec_fast.drafters import ModelDrafter
+from spec_fast.latency import (
+    LatencyModel,
+    PassTime,
+    PassTimeFit,
+    cache_key,
+    fit_pass_time,
+    load_or_measure,
+    measure_latency,
+    measure_pass_times,
+)
+from spec_ref.selector import action_space, latency_estimate
+from tests.engine.models import tiny_llama
+
+
+def test_warm_up_gives_a_positive_monotone_model_that_feeds_eq_11() -> None:
+    torch.manual_seed(0)
+    target, draft = ModelDrafter(tiny_llama(layers=4, seed=1)), ModelDrafter(tiny_llama(layers=1, seed=2))
+    model = measure_latency(target, draft, vocab_size=64, contexts=(8, 24), target_widths=(1, 9, 41),
+                            draft_widths=(1, 4), repeats=2)
+    for fit in (model.draft, model.target):
+        assert fit.intercept > 0 and fit.per_width >= 0 and fit.per_context >= 0
+    lengths = [1, 10, 60]
+    assert all(model.draft_time(a) <= model.draft_time(b) for a, b in zip(lengths, lengths[1:]))
+    assert all(model.target_time(a) <= model.target_time(b) for a, b in zip(lengths, lengths[1:]))
+    actions = action_space()
+    table = model.latency_table(20, actions)
+    assert table.shape == (324,) and table.dtype == np.float64 and bool(np.all(table > 0))
+    # a bigger tree never costs less: adding a trunk token, a branch or a branch token
+    index = {a: i for i, a in enumerate(actions)}
+    for k, l1, l2 in actions:
+        for bigger in ((k, l1 + 1, l2), (k + 1, l1, l2), (k, l1, l2 + 1)):
+            if bigger in index:
+                assert table[index[bigger]] >= table[index[(k, l1, l2)]]
+    t_q, t_p = model.time_models(20)
+    assert table[index[(2, 1, 3)]] == pytest.approx(latency_estimate(20, (2, 1, 3), t_q, t_p))
+    assert t_p(20 + 1 + 6) == pytest.approx(model.target(20, 8))  # the target pass over root + 7 drafted nodes
+
+
+def test_pass_times_cover_the_grid_and_leave_the_cache_clean() -> None:
+    drafter = ModelDrafter(tiny_llama(layers=1, seed=3))
+    points = measure_pass_times(drafter, 64, contexts=(5, 7), widths=(1, 3), repeats=1)
+    assert [(p.context, p.width) for p in points] == [(5, 1), (5, 3), (7, 1), (7, 3)]
+    assert all(p.seconds > 0 for p in points)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        measure_pass_times(drafter, 64, contexts=(5,), widths=(1,), repeats=0)
+    with pytest.raises(ValueError, match="contexts and widths"):
+        measure_pass_times(drafter, 64, contexts=(), widths=(1,))
+
+
+def test_fit_recovers_an_exact_linear_law_and_stays_non_negative() -> None:
+    law = PassTimeFit(0.01, 0.002, 0.0001)
+    points = [PassTime(c, w, law(c, w)) for c in (10, 50, 200) for w in (1, 4, 16)]
+    fit = fit_pass_time(points)
+    assert (fit.intercept, fit.per_width, fit.per_context) == pytest.approx((0.01, 0.002, 0.0001), rel=1e-9)
+    # times that fall with the context: least squares would give a negative slope, NNLS clips it to 0
+    falling = [PassTime(c, 1, 1.0 - 0.001 * c) for c in (10, 100, 200)]
+    assert fit_pass_time(falling).per_context == 0.0
+    with pytest.raises(ValueError, match="intercept must be a positive"):
+        PassTimeFit(0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="measured seconds must be positive"):
+        fit_pass_time([PassTime(1, 1, 0.0)])
+
+
+def test_json_cache_is_keyed_and_refreshable(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "latency.json")
+    calls: list[int] = []
+
+    def measure() -> LatencyModel:
+        calls.append(1)
+        return LatencyModel(PassTimeFit(0.001 * len(calls), 0.0, 0.0), PassTimeFit(0.01, 0.001, 0.0))
+
+    key = cache_key("target", "draft", "float32")
+    assert "float32" in key and "threads=" in key
+    first = load_or_measure(path, key, measure)
+    again = load_or_measure(path, key, measure)
+    assert len(calls) == 1 and again == first and again.key == key
+    other = load_or_measure(path, key + "x", measure)
+    assert len(calls) == 2 and other.draft.intercept == pytest.approx(0.002)
+    refreshed = load_or_measure(path, key, measure, refresh=True)
+    assert len(calls) == 3 and refreshed.draft.intercept == pytest.approx(0.003)
+    with open(path, encoding="utf-8") as handle:
+        assert set(json.load(handle)) == {key, key + "x"}

@@ -1,0 +1,121 @@
+"""Dataset targets (spec_fast.selector_data): E[tau+1] of every action's tree from one shared draw equals
+spec_ref.efficiency.expected_block_efficiency on that very (K, L1, L2) delayed tree, drawn by
+spec_ref.drafting.draft_delayed_tree replaying the same tokens (every OT method, every action)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spec_fast.selector_data import DelayedDraws, action_efficiencies, delayed_tree_paths
+from spec_ref.drafting import draft_delayed_tree
+from spec_ref.efficiency import expected_block_efficiency
+from spec_ref.rng import RandomSource
+from spec_ref.selector import action_space
+
+V = 5
+
+
+class _Scripted:
+    """A RandomSource whose categorical draws replay a fixed token list (other calls are unused here)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+
+    def categorical(self, weights: Any) -> int:
+        token = self.tokens.pop(0)
+        assert weights[token] > 0
+        return token
+
+    def uniform(self) -> float:
+        raise AssertionError("not used")
+
+    def bernoulli(self, probability: Any) -> bool:
+        raise AssertionError("not used")
+
+    def integers(self, n: int) -> int:
+        raise AssertionError("not used")
+
+    def substream(self, index: int) -> RandomSource:
+        raise AssertionError("not used")
+
+
+def _table_model(seed: int, zeros: bool) -> Any:
+    rng = np.random.default_rng(seed)
+    cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def model(prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix not in cache:
+            x = rng.gamma(0.4, size=V)
+            if zeros:
+                x[rng.random(V) < 0.3] = 0.0
+            x[len(prefix) % V] += 0.05
+            cache[prefix] = x / x.sum()
+        return cache[prefix]
+
+    return model
+
+
+def _shared_draw(draft: Any, rng: np.random.Generator, k_max: int, l1_max: int, l2_max: int) -> DelayedDraws:
+    def walk(prefix: tuple[int, ...], length: int) -> tuple[int, ...]:
+        out: tuple[int, ...] = ()
+        for _ in range(length):
+            q = draft(prefix + out)
+            out += (int(rng.choice(V, p=q)),)
+        return out
+
+    spine = walk((), l1_max + l2_max)
+    extra = tuple(tuple(walk(spine[:l1], l2_max) for _ in range(k_max - 1)) for l1 in range(l1_max + 1))
+    return DelayedDraws(spine, extra, k_max, l1_max, l2_max)
+
+
+@pytest.mark.parametrize("method", ["specinfer", "naive_tree", "spectr", "nss", "khisti"])
+def test_every_action_matches_spec_ref_eq_3_on_its_own_tree(method: str) -> None:
+    k_max, l1_max, l2_max = 3, 2, 2
+    target, draft = _table_model(1, zeros=True), _table_model(2, zeros=True)
+    draws = _shared_draw(draft, np.random.default_rng(7), k_max, l1_max, l2_max)
+    got = action_efficiencies(draws, target, draft, method)
+    actions = action_space(k_max, l1_max, l2_max)
+    assert got.shape == (len(actions),)
+    for i, (k, l1, l2) in enumerate(actions):
+        trunk, branches = delayed_tree_paths(draws, k, l1, l2)
+        replay = list(trunk) + [t for branch in branches for t in branch]  # draft_delayed_tree's draw order
+        tree = draft_delayed_tree(draft, k, l1, l2, _Scripted(replay))
+        want = expected_block_efficiency(tree, target, method)
+        assert got[i] == pytest.approx(float(want), rel=1e-12, abs=1e-14), (k, l1, l2)
+    # every value lies in [1, 1 + L1 + L2] (the root always, at most every node of one path)
+    for value, (k, l1, l2) in zip(got, actions):
+        assert 1.0 <= value <= 1 + l1 + l2 + 1e-12
+
+
+@pytest.mark.parametrize("method", ["specinfer", "naive_tree", "spectr", "nss"])
+def test_merging_the_tokens_of_draft_mass_zero_changes_nothing(method: str) -> None:
+    """The vocabulary compression is exact for these methods: a draft with zeros, compressed or not."""
+    target, draft = _table_model(5, zeros=True), _table_model(6, zeros=True)
+    draws = _shared_draw(draft, np.random.default_rng(8), 3, 2, 2)
+    full = action_efficiencies(draws, target, draft, method, compress=False)
+    merged = action_efficiencies(draws, target, draft, method, compress=True)
+    np.testing.assert_allclose(merged, full, rtol=1e-12, atol=1e-14)
+
+
+def test_a_perfect_draft_accepts_every_token() -> None:
+    """Negative control: with q == p every node is reached, so E = 1 + L1 + L2 for every action."""
+    model = _table_model(3, zeros=False)
+    draws = _shared_draw(model, np.random.default_rng(0), 2, 2, 2)
+    got = action_efficiencies(draws, model, model, "specinfer")
+    for value, (k, l1, l2) in zip(got, action_space(2, 2, 2)):
+        assert value == pytest.approx(1 + l1 + l2, rel=1e-12)
+    other = action_efficiencies(draws, _table_model(4, zeros=True), model, "specinfer")
+    assert float(other.max()) < 1 + 2 + 2 - 1e-6  # a different target loses something
+
+
+def test_bad_draws_and_methods_raise() -> None:
+    with pytest.raises(ValueError, match="spine must hold 4 tokens"):
+        DelayedDraws((1, 2), tuple(((0, 0),) for _ in range(3)), 2, 2, 2)
+    draws = DelayedDraws((1, 2, 3, 4), tuple(((0, 0),) for _ in range(3)), 2, 2, 2)
+    with pytest.raises(ValueError, match="OT methods"):
+        action_efficiencies(draws, _table_model(0, False), _table_model(1, False), "traversal")
+    with pytest.raises(ValueError, match="outside the draw's action space"):
+        delayed_tree_paths(draws, 3, 0, 0)
