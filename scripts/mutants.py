@@ -247,7 +247,7 @@ def copy_repository(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
+def run_one(mutant: Mutant, copy: Path, timeout: float, at_commit: str) -> dict[str, object]:
     original = apply(mutant, copy)
     env = dict(os.environ, CI="true", PYTHONPATH=str(copy), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-m", "not gpu",
@@ -270,7 +270,7 @@ def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
     return {
         "name": mutant.name, "file": mutant.path, "why": mutant.why, "status": status, "exit_code": code,
         "killed_by": (failed or errors or [""])[0], "tests": list(mutant.tests), "seconds": round(seconds, 1),
-        "commit": commit(),
+        "commit": at_commit,
         "tail": "" if status == "killed" else output[-1500:],
     }
 
@@ -286,10 +286,10 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def write_results(results: list[dict[str, object]], command: str, seconds: float) -> None:
+def write_results(results: list[dict[str, object]], command: str, seconds: float, at_commit: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     killed = sum(r["status"] == "killed" for r in results)
-    payload = {"command": command, "commit": commit(), "hardware": hardware(), "python": platform.python_version(),
+    payload = {"command": command, "commit": at_commit, "hardware": hardware(), "python": platform.python_version(),
                "seconds": round(seconds, 1), "killed": killed, "total": len(results), "mutants": results}
     (RESULTS / "mutants.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
@@ -338,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="spec-verify-mutants-") as tmp:
         copy = Path(tmp)
+        at_commit = commit()  # the source the copy holds (HEAD may move while the run goes on)
         copy_repository(copy)
         for mutant in chosen:
-            result = run_one(mutant, copy, args.timeout)
+            result = run_one(mutant, copy, args.timeout, at_commit)
             results.append(result)
             print(f"{result['status']:>8}  {mutant.name}  ({result['seconds']} s)  {result['killed_by']}", flush=True)
     seconds = time.perf_counter() - start
@@ -354,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         known.update({str(r["name"]): r for r in results})
         merged = [known[m.name] for m in CATALOGUE if m.name in known]
         command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
-        write_results(merged, command, previous["seconds"] + seconds)
+        write_results(merged, command, previous["seconds"] + seconds, at_commit)
     elif not args.no_write and not args.only:
-        write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds)
+        write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds, at_commit)
     return 0 if killed == len(results) else 1
 
 
