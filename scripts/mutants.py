@@ -298,7 +298,8 @@ def write_results(results: list[dict[str, object]], command: str, seconds: float
         f"{payload['seconds']} s.", "",
         f"**{killed} of {len(results)} mutants killed.** Each mutant is an exact text patch of one source file "
         "(catalogue in `scripts/mutants.py`), applied alone to a temporary copy of the repository; it is killed "
-        "when the listed tests fail.", "",
+        "when the listed tests fail. The commit column names the source each mutant's run copied (a later "
+        "`--update` re-runs the listed mutants after a fix).", "",
         "| mutant | file | lossy/wrong behaviour | status | killing test | s | commit |",
         "|---|---|---|---|---|---|---|",
     ]
