@@ -69,7 +69,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("naive-resample-from-p", "spec_ref/solvers.py",
        "        if accept(rng.uniform(), q[first], p[first]):\n            return first\n        return rng.categorical(residual(p, q))",
        "        if accept(rng.uniform(), q[first], p[first]):\n            return first\n        return rng.categorical(p)",
-       REF_SOLVERS, "on rejection resample from p instead of (p - q)+", fast=True),
+       REF_SOLVERS, "on rejection resample from p instead of (p - q)+"),
     _m("spectr-rho-one", "spec_ref/solvers.py",
        "        rho = rho_star(target, draft, k, self.iterations)\n",
        "        rho = target.sum() / target.sum()\n", REF_SOLVERS, "SpecTr with rho = 1"),
@@ -108,7 +108,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ spec_ref decoding operator
     _m("top-k-drops-ties", "spec_ref/decoding.py",
        "z = np.where(z < kth_largest, -np.inf, z)", "z = np.where(z <= kth_largest, -np.inf, z)",
-       ("tests/ref/test_decoding.py",), "top-k drops the k-th largest and its ties", fast=True),
+       ("tests/ref/test_decoding.py",), "top-k drops the k-th largest and its ties"),
     _m("top-p-non-strict", "spec_ref/decoding.py",
        "keep_sorted = mass_before < float(top_p)", "keep_sorted = mass_before <= float(top_p)",
        ("tests/ref/test_decoding.py",), "top-p keeps one token too many at an exact boundary"),
@@ -170,7 +170,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ spec_fast decoding operator
     _m("fast-top-k-drops-ties", "spec_fast/decoding.py",
        "keep_sorted = sorted_logits >= threshold", "keep_sorted = sorted_logits > threshold",
-       ("tests/fast/test_decoding_operator.py",), "top-k drops the ties at the threshold", fast=True),
+       ("tests/fast/test_decoding_operator.py",), "top-k drops the ties at the threshold"),
     _m("fast-decoding-unshifted", "spec_fast/decoding.py",
        "keep_sorted, (sorted_logits - row_max) / safe_t,", "keep_sorted, sorted_logits / safe_t,",
        ("tests/fast/test_bad_values.py",), "logits / 1e-38 overflows to a NaN softmax"),
@@ -247,7 +247,7 @@ def copy_repository(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
+def run_one(mutant: Mutant, copy: Path, timeout: float, at_commit: str) -> dict[str, object]:
     original = apply(mutant, copy)
     env = dict(os.environ, CI="true", PYTHONPATH=str(copy), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-m", "not gpu",
@@ -270,7 +270,7 @@ def run_one(mutant: Mutant, copy: Path, timeout: float) -> dict[str, object]:
     return {
         "name": mutant.name, "file": mutant.path, "why": mutant.why, "status": status, "exit_code": code,
         "killed_by": (failed or errors or [""])[0], "tests": list(mutant.tests), "seconds": round(seconds, 1),
-        "commit": commit(),
+        "commit": at_commit,
         "tail": "" if status == "killed" else output[-1500:],
     }
 
@@ -286,10 +286,10 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def write_results(results: list[dict[str, object]], command: str, seconds: float) -> None:
+def write_results(results: list[dict[str, object]], command: str, seconds: float, at_commit: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     killed = sum(r["status"] == "killed" for r in results)
-    payload = {"command": command, "commit": commit(), "hardware": hardware(), "python": platform.python_version(),
+    payload = {"command": command, "commit": at_commit, "hardware": hardware(), "python": platform.python_version(),
                "seconds": round(seconds, 1), "killed": killed, "total": len(results), "mutants": results}
     (RESULTS / "mutants.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
@@ -298,7 +298,8 @@ def write_results(results: list[dict[str, object]], command: str, seconds: float
         f"{payload['seconds']} s.", "",
         f"**{killed} of {len(results)} mutants killed.** Each mutant is an exact text patch of one source file "
         "(catalogue in `scripts/mutants.py`), applied alone to a temporary copy of the repository; it is killed "
-        "when the listed tests fail.", "",
+        "when the listed tests fail. The commit column names the source each mutant's run copied (a later "
+        "`--update` re-runs the listed mutants after a fix).", "",
         "| mutant | file | lossy/wrong behaviour | status | killing test | s | commit |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -338,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="spec-verify-mutants-") as tmp:
         copy = Path(tmp)
+        at_commit = commit()  # the source the copy holds (HEAD may move while the run goes on)
         copy_repository(copy)
         for mutant in chosen:
-            result = run_one(mutant, copy, args.timeout)
+            result = run_one(mutant, copy, args.timeout, at_commit)
             results.append(result)
             print(f"{result['status']:>8}  {mutant.name}  ({result['seconds']} s)  {result['killed_by']}", flush=True)
     seconds = time.perf_counter() - start
@@ -354,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         known.update({str(r["name"]): r for r in results})
         merged = [known[m.name] for m in CATALOGUE if m.name in known]
         command = f"{previous['command']}; then python scripts/mutants.py --only {args.only} --update"
-        write_results(merged, command, previous["seconds"] + seconds)
+        write_results(merged, command, previous["seconds"] + seconds, at_commit)
     elif not args.no_write and not args.only:
-        write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds)
+        write_results(results, "python scripts/mutants.py" + (" --fast" if args.fast else ""), seconds, at_commit)
     return 0 if killed == len(results) else 1
 
 
