@@ -107,7 +107,7 @@ def main() -> None:
     for name, row in totals.items():
         rate = row["tokens"] / row["seconds"]
         rows.append({
-            "config": name, "strategy": "ar" if name == "ar" else strategy.label(), "tokens": row["tokens"],
+            "config": name, "strategy": configs[name].label(sampling), "tokens": row["tokens"],
             "block_efficiency": row["tokens"] / max(row["passes"], 1), "tokens_per_s": rate,
             "ratio_to_ar": rate / ar_rate, "host_reads_per_step": row["reads"] / row["steps"],
             "head_accepted_tokens": row["head_accepted"], "head_selected": row["head_selected"],
@@ -140,7 +140,7 @@ def main() -> None:
         axes[1].set_xlabel("tokens/s relative to AR (same run)")
         return fig
 
-    write_results(args.out, "dual", f"Dual drafting (rnn, retrieval), {strategy.label()}, greedy", meta, rows,
+    write_results(args.out, "dual", f"Dual drafting (rnn, retrieval), per head {args.strategy}, greedy", meta, rows,
                   table, plot)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,6 +313,7 @@ class HeadDrafter(Drafter):
         self.kind = head.kind
         self.history = history
         self.hidden_size = int(head.config.hidden_size)
+        self._staging = threading.Lock()
 
     def begin(self, batch_size: int, device: torch.device) -> HeadState:
         dtype = next(self.head.parameters()).dtype
@@ -364,11 +366,12 @@ class HeadDrafter(Drafter):
             index = parents.clamp(min=0).unsqueeze(-1).expand(-1, -1, self.hidden_size)
             parent_feats = torch.gather(state.block_features, 1, index)
             feats = torch.where((parents >= 0).unsqueeze(-1), parent_feats, feats)
-        self.head.staged_features = feats
-        try:
-            out = state.cache.forward(tokens, parents)
-        finally:
-            self.head.staged_features = None
+        with self._staging:  # the staged features live on the shared module: one forward at a time
+            self.head.staged_features = feats
+            try:
+                out = state.cache.forward(tokens, parents)
+            finally:
+                self.head.staged_features = None
         state.block_features = torch.cat([state.block_features, out.features], dim=1)
         logits: torch.Tensor = out.logits
         return logits

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spec_fast.drafters import EarlyExitDrafter
-from spec_fast.adaptive import AdaptiveController as _AdaptiveController
+from spec_fast.adaptive import AdaptiveController
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama
@@ -14,7 +14,7 @@ from tests.engine.models import hf_greedy, tiny_llama
 PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1]]
 
 
-def _drive(controller: _AdaptiveController, steps: int, spec_rate: float, plain_rate: float) -> list[bool]:
+def _drive(controller: AdaptiveController, steps: int, spec_rate: float, plain_rate: float) -> list[bool]:
     """Run ``steps`` decisions where speculative steps yield ``spec_rate`` tokens/s and plain ones
     ``plain_rate``; return the decisions."""
     kinds = []
@@ -29,7 +29,7 @@ def _drive(controller: _AdaptiveController, steps: int, spec_rate: float, plain_
 def test_controller_probes_the_losing_kind_with_growing_intervals_up_to_a_cap(spec_rate: float, factor: int) -> None:
     """A clear loser (half the rate) is probed after 4, 16, 64 = cap steps; a close one after 4, 8, 16, ..."""
     cap = 4 * factor * factor
-    controller = _AdaptiveController(probe_every=4, max_interval=cap)
+    controller = AdaptiveController(probe_every=4, max_interval=cap)
     kinds = _drive(controller, 400, spec_rate=spec_rate, plain_rate=2.0)
     assert kinds[:2] == [True, False]  # one step of each kind first
     probes = [i for i, k in enumerate(kinds) if k and i > 0]
@@ -40,7 +40,7 @@ def test_controller_probes_the_losing_kind_with_growing_intervals_up_to_a_cap(sp
 
 
 def test_controller_goes_back_to_short_probes_when_a_probe_flips_the_choice() -> None:
-    controller = _AdaptiveController(probe_every=4, max_interval=64)
+    controller = AdaptiveController(probe_every=4, max_interval=64)
     _drive(controller, 200, spec_rate=1.0, plain_rate=2.0)
     assert controller.probe_every == 64
     kinds = _drive(controller, 200, spec_rate=5.0, plain_rate=2.0)  # speculation starts to pay
@@ -49,7 +49,7 @@ def test_controller_goes_back_to_short_probes_when_a_probe_flips_the_choice() ->
 
 
 def test_peek_does_not_count_a_step() -> None:
-    controller = _AdaptiveController(probe_every=2)
+    controller = AdaptiveController(probe_every=2)
     _drive(controller, 5, spec_rate=1.0, plain_rate=2.0)
     state = (controller.since_probe, controller.probe_every)
     assert controller.peek() == controller.peek()
@@ -76,12 +76,12 @@ def test_lazy_draft_prefill_stays_byte_identical_to_hf_generate(strategy: str) -
     waiting prompt to the drafter. Forced here: plain steps are measured as much faster."""
     target = tiny_llama()
     decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy(strategy))
-    controller = _AdaptiveController(probe_every=3)
+    controller = AdaptiveController(probe_every=3)
     controller.observe(True, 1.0, 10.0)
     controller.observe(False, 1.0, 0.001)
     decoder.controller = controller
     # measured seconds of real steps would let speculation win back; freeze the rates
-    controller.observe = lambda spec, tokens, seconds: _AdaptiveController.observe(  # type: ignore[method-assign]
+    controller.observe = lambda spec, tokens, seconds: AdaptiveController.observe(  # type: ignore[method-assign]
         controller, spec, 1.0, 10.0 if spec else 0.001)
     assert not controller.peek()
     draft_passes = 0
