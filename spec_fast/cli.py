@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                     help="weight-only quantisation of a Llama-family target (runs the lean forward)")
+    gen.add_argument("--lean", action="store_true",
+                     help="run a Llama-family target with the lean forward (spec_fast.lean) even unquantised")
     gen.add_argument("--system", default=None, help="optional system message")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
@@ -90,7 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")
-        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
+        hf_model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
+        model = hf_model
+        if args.lean or args.quantize != "none":
+            from spec_fast.models import lean_model
+
+            if args.dtype == "float16":
+                raise ValueError("--lean and --quantize need --dtype float32 or bfloat16")
+            model = lean_model(hf_model, args.quantize if args.quantize != "none" else args.dtype)
         drafter: Drafter | None = None
         if strategy.drafts:
             if draft_spec.startswith("early-exit:"):
@@ -102,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif named:
                 from spec_fast.heads import load_drafter
 
-                drafter = load_drafter(draft_spec, model)
+                drafter = load_drafter(draft_spec, hf_model)  # trained drafts are built from HF modules
             elif draft_spec == "none":
                 raise ValueError(f"strategy {strategy.label()!r} needs a draft; use --strategy ar with --draft none")
             else:

