@@ -74,7 +74,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., H]`` -> ``[..., H]`` (HF's order of operations: normalise in float32, then scale)."""
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return nn.functional.rms_norm(x, (int(x.shape[-1]),), self.weight, self.eps)
 
 
 class RotaryTable(nn.Module):
@@ -92,7 +92,9 @@ class RotaryTable(nn.Module):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [B, Q]`` (below the table's length; the engine checks the context) -> ``cos, sin
         [B, 1, Q, D]`` (broadcast over heads)."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        flat = positions.reshape(-1)
+        shape = (int(positions.shape[0]), 1, int(positions.shape[1]), int(self.cos.shape[1]))
+        return self.cos.index_select(0, flat).view(shape), self.sin.index_select(0, flat).view(shape)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -113,16 +115,11 @@ class Attention(nn.Module):
         batch, num_query, _ = x.shape
         dim, group = self.head_dim, self.heads // self.kv_heads
         qkv = self.qkv_proj(x).view(batch, num_query, self.heads + 2 * self.kv_heads, dim).transpose(1, 2)
-        q = _rotate(qkv[:, : self.heads], cos, sin)
-        k = _rotate(qkv[:, self.heads : self.heads + self.kv_heads], cos, sin)
-        keys, values = cache.append(k, qkv[:, self.heads + self.kv_heads :])  # [B, H_kv, K, D]
-        # the `group` query heads of one KV head attend together: [B, H_kv, group * Q, D], no repeated keys
-        q = q.reshape(batch, self.kv_heads, group * num_query, dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * (dim**-0.5)  # [B, H_kv, group * Q, K]
-        if mask is not None:
-            scores = (scores.view(batch, self.kv_heads, group, num_query, -1) + mask.unsqueeze(2)).view_as(scores)
-        weights = torch.softmax(scores, dim=-1)
-        out = torch.matmul(weights, values).view(batch, self.heads, num_query, dim)
+        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        keys, values = cache.append(rotated[:, self.heads :], qkv[:, self.heads + self.kv_heads :])  # [B, H_kv, K, D]
+        # grouped-query attention without repeating keys (SDPA's enable_gqa), HF's 1/sqrt(D) scaling
+        out = nn.functional.scaled_dot_product_attention(
+            rotated[:, : self.heads], keys, values, attn_mask=mask, enable_gqa=group > 1)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, num_query, self.heads * dim))
         return projected
 
