@@ -19,7 +19,8 @@ INITIAL_SLOTS = 256
 
 
 class LeanLayerCache:
-    """Keys and values of one attention layer, ``[B, H_kv, capacity, D]`` float32 buffers."""
+    """Keys and values of one attention layer, ``[B, H_kv, capacity, D]`` buffers (the dtype of the first
+    entries stored)."""
 
     def __init__(self) -> None:
         self._keys: torch.Tensor | None = None
