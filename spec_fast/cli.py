@@ -99,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.lean or args.quantize != "none":
             from spec_fast.models import lean_model
 
-            if args.dtype == "float16":
-                raise ValueError("--lean and --quantize need --dtype float32 or bfloat16")
-            model = lean_model(hf_model, args.quantize if args.quantize != "none" else args.dtype)
+            if args.dtype != "float32":
+                raise ValueError("--lean and --quantize run float32 activations: drop --dtype")
+            model = lean_model(hf_model, args.quantize if args.quantize != "none" else "float32")
         drafter: Drafter | None = None
         if strategy.drafts:
             if draft_spec.startswith("early-exit:"):

