@@ -94,13 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategy = parse_strategy(args.strategy or default, args.verifier)
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string, got an empty prompt")
+        lean = args.lean or args.quantize != "none"
+        if lean and args.dtype != "float32":
+            raise ValueError("--lean and --quantize run float32 activations: drop --dtype")
         hf_model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, gguf_file=args.gguf_file)
         model = hf_model
-        if args.lean or args.quantize != "none":
+        if lean:
             from spec_fast.models import lean_model
 
-            if args.dtype != "float32":
-                raise ValueError("--lean and --quantize run float32 activations: drop --dtype")
             model = lean_model(hf_model, args.quantize if args.quantize != "none" else "float32")
         drafter: Drafter | None = None
         if strategy.drafts:

@@ -188,6 +188,13 @@ def test_load_model_rejects_lean_options_it_cannot_honour() -> None:
         load_model("unused", dtype="bfloat16", lean=True)
 
 
+def test_cli_rejects_quantize_with_a_non_float32_dtype_before_loading(capsys: Any) -> None:
+    from spec_fast.cli import main
+
+    assert main(["generate", "hi", "--quantize", "int8", "--dtype", "bfloat16", "--model", "/nonexistent"]) == 2
+    assert "drop --dtype" in capsys.readouterr().err
+
+
 def test_lean_refuses_other_architectures_and_early_exit_rejects_bad_depths() -> None:
     with pytest.raises(ValueError, match="model types"):
         LeanLlama.from_hf(tiny_gpt2())
