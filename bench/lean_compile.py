@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--warm-cache", action="store_true",
-                        help="keep torch's on-disk compile cache (default: a fresh one, so the warm-up is a cold compile)")
+                        help="keep torch's on-disk compile cache (default: a fresh one: the warm-up is a cold compile)")
     args = parser.parse_args(argv)
     if not args.warm_cache:
         import tempfile
@@ -85,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds, "threads": args.threads, "compile_warm_up_s": round(warm_up_s, 1),
         "compile_cache": "warm (existing on-disk cache)" if args.warm_cache else "cold (fresh cache directory)",
         "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
-        "commit": commit, "command": "python bench/lean_compile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "caveat": "2-core machine shared with other jobs: absolute times are noisy; the variants alternate pass by pass",
+        "commit": commit,
+        "command": "python bench/lean_compile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "caveat": "2-core machine shared with other jobs: absolute times are noisy; the variants alternate "
+                  "pass by pass",
     }
     table = ["| variant | median ms per single-token pass | min ms |", "|---|---:|---:|"]
     table += [f"| {r['variant']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} |" for r in rows]

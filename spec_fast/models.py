@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["QUANTIZE", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model", "chat_prompt_ids", "parse_dtype"]
+__all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model",
+           "chat_prompt_ids", "parse_dtype"]
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -70,8 +71,6 @@ def load_model(
     if lean and torch_dtype != torch.float32:
         raise ValueError(f"the lean forward runs float32, int8 or int4 weights (quantize=...), got dtype={dtype!r}")
     weights = quantize if quantize != "none" else "float32"
-    if lean:
-        torch_dtype = torch.float32  # weights are converted from float32; activations stay float32
     if name_or_path is None:
         name_or_path, gguf_file = default_model_dir(), DEFAULT_GGUF
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}

@@ -123,7 +123,8 @@ def test_greedy_speculative_output_equals_plain_decoding_of_the_same_lean_target
         assert result.tokens == plain, (weights, strategy)
 
 
-SHAPES = {"chain": "chain:3", "iid": "iid:2x2", "delayed": "delayed:2,1,2", "topk": "topk:2,2,4", "dynatree": "dynatree"}
+SHAPES = {"chain": "chain:3", "iid": "iid:2x2", "delayed": "delayed:2,1,2", "topk": "topk:2,2,4",
+          "dynatree": "dynatree"}
 ENGINE_VERIFIERS = sorted({(shape, method) for shape, methods in SAMPLING_VERIFIERS.items() for method in methods
                            if shape != "delayed" or method == "specinfer"})
 
