@@ -236,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         "decoding": f"{len(prompts)} chat prompts x {args.new_tokens} new tokens, greedy, batch 1",
         "caveat": "2-core machine shared with other jobs during the run: absolute times are noisy; variants are "
                   "interleaved (per width and round, per prompt) so that ratios are comparable",
-        "note": "median ms per pass behind a 120-token context; 'x vs first' = ratio to the first variant",
+        "note": "median ms per pass behind a 120-token context; 'x vs first' = ratio to the first variant; "
+                "lean-bf16 is measured only (its oneDNN product is not batch-invariant, so speculative output can "
+                "differ from its plain decoding); int8/int4 attention runs in float64 (spec_fast/lean/model.py)",
     }
     head = "| variant | " + " | ".join(f"{q} tok (ms)" for q in WIDTHS) + " | 8 vs 1 | plain tok/s | x vs first |"
     table = [head, "|---|" + "---:|" * (len(WIDTHS) + 3)]
