@@ -300,11 +300,14 @@ class LeanLlama(nn.Module):
         past = past_key_values.get_seq_length()
         if position_ids is None:
             position_ids = (torch.arange(num_query, device=input_ids.device) + past).unsqueeze(0).expand(batch, -1)
+        layers: list[Any] = list(self.model.layers)
+        # converted once per pass to the attention dtype (each layer would otherwise convert it again)
+        wide: torch.dtype = layers[0].self_attn.attention_dtype if layers else torch.float32
         mask = _additive(attention_mask, num_query, past, input_ids.device)
+        mask = None if mask is None else mask.to(wide)
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = [x] if output_hidden_states else []
-        layers = list(self.model.layers)
         for layer, layer_cache in zip(layers, past_key_values.layers):
             x = layer(x, cos, sin, mask, layer_cache)
             if output_hidden_states:
