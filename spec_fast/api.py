@@ -157,6 +157,7 @@ class _Loaded:
     model: Any
     tokenizer: Any
     decoders: dict[tuple[Any, ...], Any]
+    hf_model: Any  # the HF model behind a lean one (trained drafts are built from its modules)
 
 
 _LOADED: list[_Loaded] = []  # the last loaded target (one at a time: models are large)
@@ -176,18 +177,23 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise SettingError("device", f"{settings.device!r} requested but torch sees no CUDA device")
     source = settings.model
-    key = (source, settings.dtype, settings.device)
+    key = (source, settings.dtype, settings.device, settings.lean, settings.quantize)
     if not _LOADED or _LOADED[0].key != key:
         _LOADED.clear()
-        model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
-                                      gguf_file=source.gguf_file, notify=notify)
-        _LOADED.append(_Loaded(key, model, tokenizer, {}))
+        hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
+                                         gguf_file=source.gguf_file, notify=notify)
+        model = hf_model
+        if settings.lean:
+            from spec_fast.models import lean_model
+
+            model = lean_model(hf_model, settings.quantize if settings.quantize != "none" else "float32")
+        _LOADED.append(_Loaded(key, model, tokenizer, {}, hf_model))
     loaded = _LOADED[0]
     decoder_key = (settings.draft, settings.dual, settings.strategy)
     if decoder_key not in loaded.decoders:
         drafter: Drafter | None = None
         if settings.strategy.drafts:
-            drafters = [_load_drafter(name, source, loaded.model, settings, notify)
+            drafters = [_load_drafter(name, source, loaded, settings, notify)
                         for name, source in zip(settings.draft.split(","), settings.draft_models)]
             drafter = drafters[0]
             if len(drafters) == 2:
@@ -198,21 +204,21 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     return loaded.decoders[decoder_key], loaded.tokenizer
 
 
-def _load_drafter(name: str, source: ModelSource | None, target: Any, settings: GenerateSettings,
+def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settings: GenerateSettings,
                   notify: Callable[[str], None] | None) -> Any:
     """One drafter by its checked name (``source``: the draft model's location, for model drafts)."""
     from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
     from spec_fast.models import load_model
 
     if name.startswith("early-exit:"):
-        return EarlyExitDrafter(target, int(name.split(":", 1)[1]))
+        return EarlyExitDrafter(loaded.model, int(name.split(":", 1)[1]))
     if source is not None:
         draft_model, _ = load_model(source.path, dtype=settings.dtype, device=settings.device,
                                     gguf_file=source.gguf_file, notify=notify)
         return ModelDrafter(draft_model)
     from spec_fast.heads import load_drafter
 
-    return load_drafter(name, target)
+    return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
 
 
 def complete(
@@ -273,6 +279,8 @@ def generate(
     gguf_file: str | None = None,
     draft: str | None = None,
     dual: str | None = None,
+    quantize: str = "none",
+    lean: bool = False,
     strategy: str | None = None,
     verifier: str | None = None,
     dtype: str = "float32",
@@ -295,6 +303,7 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
         stop=None if stop is None else (stop if isinstance(stop, str) else tuple(stop)), system=system,
         chat=chat, dtype=dtype, device=device, threads=threads, dual=dual,
+        quantize=quantize, lean=lean,
     )
     messages = prompt_messages(prompt, settings.system, settings.chat)
     decoder, tokenizer = load_decoder(settings, notify=_notify_stderr)

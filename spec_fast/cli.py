@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the text contains STRING (repeatable); the output ends before it")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=DTYPES)
+    gen.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                     help="weight-only quantisation of a Llama-family target (runs the lean forward)")
+    gen.add_argument("--lean", action="store_true",
+                     help="run a Llama-family target with the lean forward (spec_fast.lean) even unquantised")
     gen.add_argument("--system", default=None, help="optional system message")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")
@@ -141,6 +145,7 @@ def _main(argv: Sequence[str] | None) -> int:
             verifier=args.verifier, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()), system=args.system,
             chat=not args.no_chat, dtype=args.dtype, device=args.device, threads=args.threads, dual=args.dual,
+            quantize=args.quantize, lean=args.lean,
         )
         from spec_fast.api import prompt_messages
 

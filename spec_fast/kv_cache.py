@@ -33,7 +33,10 @@ class TreeKVCache:
     def __init__(self, model: Any, batch_size: int, device: torch.device) -> None:
         self.model = model
         self.device = device
-        self.cache = DynamicCache(config=model.config)
+        # a model with its own cache layout (spec_fast.lean) provides it; the commit below only needs
+        # ``cache.layers[i].keys/.values`` ``[B, H, S, D]``, and uses ``replace_tail`` where a layer has one
+        make_cache = getattr(model, "make_tree_cache", None)
+        self.cache = make_cache(batch_size) if make_cache is not None else DynamicCache(config=model.config)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.context_size = 0
         self.ancestors = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)
@@ -146,6 +149,9 @@ class TreeKVCache:
                 index = source.view(batch, 1, width, 1).expand(batch, keys.shape[1], width, keys.shape[3])
                 tail_k = torch.gather(keys, 2, index)
                 tail_v = torch.gather(values, 2, index)
+                if hasattr(layer, "replace_tail"):  # preallocated buffers: write the tail in place
+                    layer.replace_tail(start, tail_k, tail_v)
+                    continue
                 layer.keys = torch.cat([keys[:, :, :start], tail_k], dim=2)
                 layer.values = torch.cat([values[:, :, :start], tail_v], dim=2)
             else:

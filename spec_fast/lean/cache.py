@@ -1,0 +1,114 @@
+"""The lean model's KV cache: preallocated per-layer buffers behind the interface TreeKVCache uses.
+
+:class:`spec_fast.kv_cache.TreeKVCache` reads and rewrites ``cache.layers[i].keys`` / ``.values``
+(``[B, H_kv, S, D]``) to truncate or gather the accepted path. Here those attributes are views of the first
+``S`` slots of a preallocated buffer: reading costs nothing, assigning a prefix view of the buffer (a
+truncation) only moves the length, and :meth:`LeanLayerCache.replace_tail` writes gathered entries in
+place. A forward appends its new entries with one copy into the buffer instead of re-concatenating the
+whole cache (what HF's ``DynamicCache`` does on every pass). Buffers grow by doubling when full.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["LeanKVCache", "LeanLayerCache"]
+
+#: slots allocated on first use (doubled whenever a pass needs more)
+INITIAL_SLOTS = 256
+
+
+class LeanLayerCache:
+    """Keys and values of one attention layer, ``[B, H_kv, capacity, D]`` buffers (the dtype of the first
+    entries stored)."""
+
+    def __init__(self) -> None:
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.key_length = 0
+        self.value_length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.key_length]
+
+    @keys.setter
+    def keys(self, new: torch.Tensor) -> None:
+        self._keys, self.key_length = _assign(self._keys, new)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.value_length]
+
+    @values.setter
+    def values(self, new: torch.Tensor) -> None:
+        self._values, self.value_length = _assign(self._values, new)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._keys is None else int(self._keys.shape[2])
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``keys, values [B, H_kv, Q, D]`` behind the current entries -> every entry ``[B, H_kv, S + Q, D]``."""
+        length = self.key_length
+        needed = length + int(keys.shape[2])
+        if self._keys is None or self._values is None or needed > self.capacity:
+            self._grow(keys, needed)
+        assert self._keys is not None and self._values is not None
+        self._keys[:, :, length:needed] = keys
+        self._values[:, :, length:needed] = values
+        self.key_length = self.value_length = needed
+        return self._keys[:, :, :needed], self._values[:, :, :needed]
+
+    def replace_tail(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keep slots ``[0, start)`` and put ``keys, values [B, H_kv, W, D]`` at ``[start, start + W)``."""
+        end = start + int(keys.shape[2])
+        if self._keys is None or self._values is None or end > self.capacity:
+            self._grow(keys, end)
+        assert self._keys is not None and self._values is not None
+        self._keys[:, :, start:end] = keys
+        self._values[:, :, start:end] = values
+        self.key_length = self.value_length = end
+
+    def _grow(self, like: torch.Tensor, needed: int) -> None:
+        capacity = max(INITIAL_SLOTS, self.capacity)
+        while capacity < needed:
+            capacity *= 2
+        batch, heads, _, dim = like.shape
+        old_keys, old_values = self._keys, self._values
+        self._keys = like.new_zeros(batch, heads, capacity, dim)
+        self._values = like.new_zeros(batch, heads, capacity, dim)
+        if old_keys is not None and old_values is not None:
+            self._keys[:, :, : self.key_length] = old_keys[:, :, : self.key_length]
+            self._values[:, :, : self.value_length] = old_values[:, :, : self.value_length]
+
+
+def _assign(buffer: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Make ``new [B, H, S, D]`` the content of ``buffer`` -> (buffer, S); a prefix view of the buffer
+    itself (a truncation) is free, anything else is copied in."""
+    length = int(new.shape[2])
+    if (
+        buffer is not None
+        and new.data_ptr() == buffer.data_ptr()
+        and new.stride() == buffer.stride()
+        and new.shape[:2] == buffer.shape[:2]
+        and new.shape[3] == buffer.shape[3]
+    ):
+        return buffer, length
+    if buffer is None or buffer.shape[0] != new.shape[0] or length > buffer.shape[2]:
+        capacity = max(INITIAL_SLOTS, length)
+        fresh = new.new_zeros(new.shape[0], new.shape[1], capacity, new.shape[3])
+        fresh[:, :, :length] = new
+        return fresh, length
+    buffer[:, :, :length] = new
+    return buffer, length
+
+
+class LeanKVCache:
+    """One :class:`LeanLayerCache` per decoder layer (``layers``, as HF caches name them)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [LeanLayerCache() for _ in range(num_layers)]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].key_length

@@ -1,0 +1,342 @@
+"""LeanLlama: a small Llama-family forward (Llama, SmolLM2, Qwen2-style q/k/v biases) built from HF weights.
+
+It replaces HF's model at the engine's model-call level: ``model(input_ids=, attention_mask=, position_ids=,
+past_key_values=, output_hidden_states=, logits_to_keep=)`` returns an object with ``.logits [B, Q, V]``
+and ``.hidden_states`` (HF's convention: the embeddings, then every layer's output, the last one after the
+final norm), and :class:`~spec_fast.kv_cache.TreeKVCache` asks it for its cache
+(:meth:`LeanLlama.make_tree_cache`, a :class:`~spec_fast.lean.cache.LeanKVCache`). Positions are explicit
+and the attention mask is the engine's (additive ``[B, 1, Q, K]`` or boolean; ``None`` = causal).
+
+One decoder layer: RMSNorm -> one fused q/k/v product -> RoPE (the HF model's own inverse frequencies and
+attention scaling, tabulated once) -> grouped-query attention over the cache without repeating keys ->
+output product -> residual; RMSNorm -> one fused gate/up product -> SiLU(gate) * up -> down product ->
+residual. Activations stay float32; only the weights change with ``weights`` (:mod:`spec_fast.lean.quant`).
+The module layout (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``) is HF's, so
+:func:`spec_fast.drafters.early_exit_model` builds an early-exit draft from a LeanLlama unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
+from spec_fast.lean.quant import KINDS, LeanLinear
+
+__all__ = ["LeanLlama", "LeanOutput", "SUPPORTED_MODEL_TYPES", "supports"]
+
+#: HF ``config.model_type`` values whose decoder LeanLlama reproduces
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass
+class LeanOutput:
+    """What the engine reads from a model call (the names of HF's ``CausalLMOutputWithPast``)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None
+    past_key_values: LeanKVCache
+
+
+def supports(model: Any) -> str | None:
+    """None if ``model`` (an HF causal LM) can become a LeanLlama, else the reason why not."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"the lean forward covers model types {SUPPORTED_MODEL_TYPES}, got {model_type!r}"
+    hidden_act = getattr(config, "hidden_act", "silu")
+    if hidden_act != "silu":
+        return f"the lean forward needs hidden_act='silu', got {hidden_act!r}"
+    if getattr(config, "mlp_bias", False):
+        return "the lean forward has no MLP biases (mlp_bias=True)"
+    if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
+        return "the lean forward has no sliding-window attention (use_sliding_window=True)"
+    rope_type = _rope_parameters(config).get("rope_type", "default")
+    if rope_type == "dynamic":
+        return "the lean forward tabulates RoPE once; dynamic RoPE scaling changes it with the length"
+    return None
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return dict(params)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., H]`` -> ``[..., H]`` (HF's order of operations: normalise in float32, then scale)."""
+        return nn.functional.rms_norm(x, (int(x.shape[-1]),), self.weight, self.eps)
+
+
+class RotaryTable(nn.Module):
+    """``cos``/``sin [P, D]`` for positions ``0..P-1``, computed as HF's rotary embedding computes them."""
+
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, max_positions: int) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
+        angles = torch.cat([freqs, freqs], dim=-1)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer("cos", angles.cos() * attention_scaling, persistent=False)
+        self.register_buffer("sin", angles.sin() * attention_scaling, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions [B, Q]`` (below the table's length; the engine checks the context) -> ``cos, sin
+        [B, 1, Q, D]`` (broadcast over heads)."""
+        flat = positions.reshape(-1)
+        shape = (int(positions.shape[0]), 1, int(positions.shape[1]), int(self.cos.shape[1]))
+        return self.cos.index_select(0, flat).view(shape), self.sin.index_select(0, flat).view(shape)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, out_bias: bool) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.qkv_proj = LeanLinear(hidden, (heads + 2 * kv_heads) * head_dim, bias=qkv_bias)
+        self.o_proj = LeanLinear(heads * head_dim, hidden, bias=out_bias)
+        #: float64 for quantised or bfloat16 weights (see :class:`LeanLlama`), float32 otherwise
+        self.attention_dtype = torch.float32
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: LeanLayerCache) -> torch.Tensor:
+        """``x [B, Q, H]``, ``mask [B, 1, Q, K]`` additive (or None: every cached entry) -> ``[B, Q, H]``."""
+        batch, num_query, _ = x.shape
+        dim, group = self.head_dim, self.heads // self.kv_heads
+        qkv = self.qkv_proj(x).view(batch, num_query, self.heads + 2 * self.kv_heads, dim).transpose(1, 2)
+        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        wide = self.attention_dtype
+        keys, values = cache.append(rotated[:, self.heads :].to(wide), qkv[:, self.heads + self.kv_heads :].to(wide))
+        # grouped-query attention without repeating keys (SDPA's enable_gqa), HF's 1/sqrt(D) scaling
+        out = nn.functional.scaled_dot_product_attention(
+            rotated[:, : self.heads].to(wide), keys, values, attn_mask=None if mask is None else mask.to(wide),
+            enable_gqa=group > 1).float()
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, num_query, self.heads * dim))
+        return projected
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = LeanLinear(hidden, 2 * intermediate)
+        self.down_proj = LeanLinear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        out: torch.Tensor = self.down_proj(nn.functional.silu(gate) * up)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        out_bias = config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False))
+        self.input_layernorm = RMSNorm(hidden, float(config.rms_norm_eps))
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, qkv_bias, out_bias)
+        self.post_attention_layernorm = RMSNorm(hidden, float(config.rms_norm_eps))
+        self.mlp = MLP(hidden, int(config.intermediate_size))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: LeanLayerCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
+
+class LeanBody(nn.Module):
+    """Embeddings, decoder layers, final norm and the RoPE table (HF's ``model.model``)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden = int(config.hidden_size)
+        self.embed_tokens = nn.Embedding(int(config.vocab_size), hidden)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers: nn.ModuleList = nn.ModuleList([DecoderLayer(config) for _ in range(int(config.num_hidden_layers))])
+        self.norm = RMSNorm(hidden, float(config.rms_norm_eps))
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        self.rotary = RotaryTable(torch.zeros(head_dim // 2), 1.0, int(config.max_position_embeddings))
+
+
+class LeanLlama(nn.Module):
+    """A Llama-family causal LM for inference (see the module docstring); build it with :meth:`from_hf`.
+
+    With bfloat16, int8 or int4 weights the linear layers round their inputs to bfloat16 and compute every
+    row independently of the rest of the batch, but attention over a tree block sees other keys (masked
+    ones included) than a plain step does, and float32 attention kernels round differently with the number
+    of queries and keys. A last-bit difference there flips a bfloat16 rounding at the next layer's input,
+    and then a near-tie argmax: measured on SmolLM2 int8, greedy speculative output left plain decoding's
+    within 20-60 tokens on 4 of 6 prompts. Attention therefore runs in float64 for these formats (KV cache
+    included): a float64 difference in the last bit survives the rounding to float32 only with probability
+    about 1e-9 per value, so verification reproduces plain decoding's logits. float32 weights keep HF's
+    float32 attention (float32 matrix products are not batch-invariant anyway, as in HF).
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LeanBody(config)
+        self.lm_head = LeanLinear(int(config.hidden_size), int(config.vocab_size))
+        self.generation_config: Any = None
+        #: the weight format of the decoder layers (``KINDS``)
+        self.weights = "float32"
+
+    @classmethod
+    @torch.no_grad()
+    def from_hf(cls, model: Any, weights: str = "float32", head_weights: str | None = None) -> LeanLlama:
+        """The lean twin of an HF Llama-family causal LM ``model`` (its weights copied or quantised).
+
+        Args:
+            model: an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (any floating dtype).
+            weights: the decoder layers' weight format, one of ``KINDS``.
+            head_weights: the LM head's format; default ``weights``, except int4 layers keep an int8
+                head (the head is the single largest matrix and the most sensitive to 4-bit error).
+        """
+        if weights not in KINDS:
+            raise ValueError(f"weights must be one of {KINDS}, got weights={weights!r}")
+        reason = supports(model)
+        if reason is not None:
+            raise ValueError(reason)
+        head_kind = head_weights or ("int8" if weights == "int4" else weights)
+        if head_kind not in KINDS:
+            raise ValueError(f"head_weights must be one of {KINDS}, got head_weights={head_weights!r}")
+        config = copy.deepcopy(model.config)
+        with torch.device("meta"):
+            lean = cls(config)
+        hf = model.model
+        embed_weight = hf.embed_tokens.weight.detach().float()
+        lean.model.embed_tokens = nn.Embedding(int(embed_weight.shape[0]), int(embed_weight.shape[1]),
+                                               _weight=embed_weight, _freeze=True)
+        rotary = hf.rotary_emb
+        lean.model.rotary = RotaryTable(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
+                                        int(config.max_position_embeddings))
+        lean.model.norm = _norm(hf.norm)
+        for index, block in enumerate(hf.layers):
+            layer: Any = lean.model.layers[index]
+            attn = block.self_attn
+            qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)
+            qkv_bias = None
+            if attn.q_proj.bias is not None:
+                qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias], dim=0)
+            layer.self_attn.qkv_proj = LeanLinear.from_weight(qkv_weight.float(), qkv_bias, weights)
+            layer.self_attn.o_proj = LeanLinear.from_weight(attn.o_proj.weight.float(), attn.o_proj.bias, weights)
+            mlp = block.mlp
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0).float()
+            layer.mlp.gate_up_proj = LeanLinear.from_weight(gate_up, None, weights)
+            layer.mlp.down_proj = LeanLinear.from_weight(mlp.down_proj.weight.float(), None, weights)
+            layer.input_layernorm = _norm(block.input_layernorm)
+            layer.post_attention_layernorm = _norm(block.post_attention_layernorm)
+        head = model.get_output_embeddings().weight
+        tied = head is hf.embed_tokens.weight
+        if tied and head_kind == "float32":
+            lean.lm_head = LeanLinear.from_weight(lean.model.embed_tokens.weight, None, "float32")
+        else:
+            lean.lm_head = LeanLinear.from_weight(head.detach().float(), None, head_kind)
+        if weights != "float32":
+            for layer in lean.model.layers:
+                layer.self_attn.attention_dtype = torch.float64
+        lean.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
+        lean.weights = weights
+        for name, tensor in list(lean.named_parameters()) + list(lean.named_buffers()):
+            if tensor.is_meta:
+                raise ValueError(f"the lean model did not get {name} from the HF model")
+        return lean.to(next(model.parameters()).device).eval()
+
+    # the HF methods the engine and the drafters call
+    def get_output_embeddings(self) -> LeanLinear:
+        return self.lm_head
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def make_tree_cache(self, batch_size: int) -> LeanKVCache:
+        """The cache :class:`~spec_fast.kv_cache.TreeKVCache` keeps for this model (buffers sized on first use)."""
+        return LeanKVCache(len(self.model.layers))
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: LeanKVCache | None = None,
+        use_cache: bool = True,
+        output_hidden_states: bool = False,
+        logits_to_keep: int = 0,
+        **unused: Any,
+    ) -> LeanOutput:
+        """``input_ids [B, Q]`` behind the ``K - Q`` entries of ``past_key_values`` -> :class:`LeanOutput`.
+
+        Args:
+            attention_mask: ``[B, 1, Q, K]`` additive float (0 = attend) or bool (True = attend); ``None``
+                attends causally (every cached entry and the earlier new ones).
+            position_ids: ``[B, Q]`` long; default ``past length + arange(Q)``.
+            past_key_values: a :class:`LeanKVCache` (appended to in place); default a fresh one.
+            logits_to_keep: ``k > 0`` computes the logits of the last ``k`` entries only.
+        """
+        if past_key_values is None:
+            past_key_values = self.make_tree_cache(int(input_ids.shape[0]))
+        if not isinstance(past_key_values, LeanKVCache):
+            raise ValueError(f"LeanLlama needs a LeanKVCache, got past_key_values={type(past_key_values).__name__}")
+        batch, num_query = input_ids.shape
+        past = past_key_values.get_seq_length()
+        if position_ids is None:
+            position_ids = (torch.arange(num_query, device=input_ids.device) + past).unsqueeze(0).expand(batch, -1)
+        layers: list[Any] = list(self.model.layers)
+        # converted once per pass to the attention dtype (each layer would otherwise convert it again)
+        wide: torch.dtype = layers[0].self_attn.attention_dtype if layers else torch.float32
+        mask = _additive(attention_mask, num_query, past, input_ids.device)
+        mask = None if mask is None else mask.to(wide)
+        cos, sin = self.model.rotary(position_ids)
+        x = self.model.embed_tokens(input_ids)
+        hidden: list[torch.Tensor] = [x] if output_hidden_states else []
+        for layer, layer_cache in zip(layers, past_key_values.layers):
+            x = layer(x, cos, sin, mask, layer_cache)
+            if output_hidden_states:
+                hidden.append(x)
+        x = self.model.norm(x)
+        if output_hidden_states:
+            hidden[-1] = x
+        if logits_to_keep > 0:
+            x = x[:, -logits_to_keep:]
+        return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
+
+
+def _norm(hf_norm: Any) -> RMSNorm:
+    weight = hf_norm.weight.detach().float()
+    eps = float(getattr(hf_norm, "variance_epsilon", getattr(hf_norm, "eps", 1e-6)))
+    norm = RMSNorm(int(weight.shape[0]), eps)
+    norm.weight = nn.Parameter(weight.clone(), requires_grad=False)
+    return norm
+
+
+def _additive(mask: torch.Tensor | None, num_query: int, past: int, device: torch.device) -> torch.Tensor | None:
+    """The attention mask as an additive float32 ``[B, 1, Q, K]`` (``None`` for a single query)."""
+    if mask is None:
+        if num_query == 1:
+            return None
+        slots = torch.arange(past + num_query, device=device)
+        allowed = slots.unsqueeze(0) <= (past + torch.arange(num_query, device=device)).unsqueeze(1)
+        mask = allowed.view(1, 1, num_query, past + num_query)
+    if mask.dtype == torch.bool:
+        low = torch.finfo(torch.float32).min
+        return torch.where(mask, torch.zeros((), device=device), torch.full((), low, device=device))
+    return mask.float()

@@ -1,0 +1,131 @@
+"""Linear layers of the lean forward: float32, bfloat16 or weight-only int8 / int4, all float32 in and out.
+
+Each kind keeps the activations float32 between layers (norms, residual stream, attention) and converts
+only the input of its own matrix product, so a model may mix kinds (int4 layers with an int8 LM head).
+The quantised kinds use torch's fused CPU kernels for weight-only quantisation, which need bfloat16
+activations:
+
+* ``int8``: one scale per output channel, ``w ~= q * scale`` with ``q`` in [-127, 127]
+  (``torch._weight_int8pack_mm``);
+* ``int4``: asymmetric groups of :data:`INT4_GROUP_SIZE` input channels, ``w ~= (q - 8) * scale + zero`` with
+  ``q`` in [0, 15] (``torch._weight_int4pack_mm_for_cpu``; the gpt-fast layout).
+
+``bfloat16`` weights use oneDNN's bfloat16 matrix product, which is *not* batch-invariant on this CPU (a row's
+output changed with the rows beside it, even between runs); they exist to be measured, not for decoding.
+
+Both quantised kernels compute every output row independently of the other rows of the batch (checked in
+the tests, at SmolLM2's layer sizes),
+so a token's logits do not depend on how many tokens share its pass: a verification pass gives the very
+logits a plain decoding step would, which is what keeps greedy speculative output identical to plain
+decoding of the quantised model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["KINDS", "INT4_GROUP_SIZE", "LeanLinear"]
+
+#: the weight formats of :class:`LeanLinear`
+KINDS = ("float32", "bfloat16", "int8", "int4")
+#: input channels per int4 group (divides the hidden and MLP sizes of the Llama family)
+INT4_GROUP_SIZE = 32
+
+
+class LeanLinear(nn.Module):
+    """``y = x W^T + b`` for ``x [..., K]`` float32 -> ``[..., N]`` float32, ``W`` stored as ``kind``.
+
+    The bias (Qwen2's q/k/v projections) stays float32.
+    """
+
+    def __init__(self, in_features: int, out_features: int, kind: str = "float32", bias: bool = False) -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.kind = kind
+        # float32 keeps a Parameter (it may be the tied embedding itself); the other kinds hold buffers
+        self.weight: torch.Tensor = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.scales: torch.Tensor | None
+        self.bias: torch.Tensor | None
+        self.register_buffer("scales", None)
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> LeanLinear:
+        """A layer holding ``weight [N, K]`` (and ``bias [N]``) in ``kind``; float32 shares ``weight``."""
+        out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
+        layer = cls(in_features, out_features, kind, bias=bias is not None)
+        if bias is not None:
+            layer.bias = bias.detach().float().clone()
+        w = weight.detach().float()
+        if kind == "float32":
+            layer.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(w, requires_grad=False)
+            return layer
+        del layer.weight
+        if kind == "bfloat16":
+            layer.register_buffer("weight", w.to(torch.bfloat16).contiguous())
+        elif kind == "int8":
+            scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+            q = torch.round(w / scales.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
+            layer.register_buffer("weight", q.contiguous())
+            layer.register_buffer("scales", scales.to(torch.bfloat16))
+        else:
+            packed, scales_and_zeros = _pack_int4(w)
+            layer.register_buffer("weight", packed)
+            layer.register_buffer("scales", scales_and_zeros)
+        return layer
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as float32 ``[N, K]``, as the kernel sees it (tests)."""
+        if self.kind in ("float32", "bfloat16"):
+            return self.weight.float()
+        eye = torch.eye(self.in_features, dtype=torch.float32)
+        # W^T = I W^T: the kernel applied to the identity rows reads the weight back (bfloat16-exact)
+        saved, self.bias = self.bias, None
+        try:
+            return self.forward(eye).t().contiguous()
+        finally:
+            self.bias = saved
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., K]`` float32 -> ``[..., N]`` float32."""
+        if self.kind == "float32":
+            out = nn.functional.linear(x, self.weight)
+        elif self.kind == "bfloat16":
+            out = nn.functional.linear(x.to(torch.bfloat16), self.weight).float()
+        else:
+            flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+            assert self.scales is not None
+            if self.kind == "int8":
+                out2 = torch._weight_int8pack_mm(flat, self.weight, self.scales)
+            else:
+                out2 = torch._weight_int4pack_mm_for_cpu(flat, self.weight, INT4_GROUP_SIZE, self.scales)
+            out = out2.float().reshape(*x.shape[:-1], self.out_features)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
+
+
+def _pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight [N, K]`` float32 -> (packed uint8 ``[N, K/2]``, scales and zeros bfloat16 ``[K/G, N, 2]``)."""
+    out_features, in_features = weight.shape
+    group = INT4_GROUP_SIZE
+    if in_features % group:
+        raise ValueError(f"int4 needs input sizes divisible by {group}, got a layer with {in_features} inputs")
+    grouped = weight.reshape(out_features, in_features // group, group)
+    low = grouped.amin(dim=-1, keepdim=True)
+    high = grouped.amax(dim=-1, keepdim=True)
+    scales = ((high - low) / 15).clamp(min=1e-6)
+    zeros = low + 8 * scales
+    q = torch.clamp(torch.round((grouped - low) / scales), 0, 15).to(torch.int32).reshape(out_features, in_features)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    scales_and_zeros = torch.stack(
+        [scales.reshape(out_features, -1).t(), zeros.reshape(out_features, -1).t()], dim=-1
+    ).contiguous().to(torch.bfloat16)
+    return packed, scales_and_zeros
