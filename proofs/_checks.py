@@ -126,7 +126,7 @@ def pos(values: Sequence[Fraction]) -> list[Fraction]:
 
 
 def res(a: Sequence[Fraction], b: Sequence[Fraction]) -> list[Fraction]:
-    """``Res(a, b)`` of ALGORITHMS.md section 1 with the fallback to ``a`` (a sums to 1)."""
+    """``Res(a, b)`` of docs/algorithms.md section 1 with the fallback to ``a`` (a sums to 1)."""
     mass = pos([x - y for x, y in zip(a, b)])
     total = sum(mass, F(0))
     return [m / total for m in mass] if total > 0 else list(a)
@@ -252,7 +252,7 @@ def specinfer_alg9_literal(p: Sequence[Fraction], q: Sequence[Fraction], k: int)
     for _ in range(k):
         r = sum((min(a, b) for a, b in zip(current, q)), F(0))
         p_rej *= 1 - r
-        if r < 1:  # the guard of ALGORITHMS.md 3.4: r = 1 means P_i = q, nothing is ever rejected
+        if r < 1:  # the guard of docs/algorithms.md section 3.4: r = 1 means P_i = q, nothing is ever rejected
             m = [mt * (1 - max(qt - pt, F(0)) / (1 - r)) for mt, qt, pt in zip(m, q, current)]
         current = res(current, q)
     residual_term = p_rej * sum((pt * (1 - mt) for pt, mt in zip(current, m)), F(0))
@@ -281,7 +281,7 @@ def spectr_raw_residual(p: Sequence[Fraction], q: Sequence[Fraction], k: int, rh
 
 
 def bisection_brackets(p: Sequence[Fraction], q: Sequence[Fraction], k: int, iterations: int) -> tuple[Fraction, Fraction]:
-    """The bracket ``(lo, hi)`` of RHO_STAR (ALGORITHMS.md 3.3) after ``iterations`` steps, exactly."""
+    """The bracket ``(lo, hi)`` of RHO_STAR (docs/algorithms.md section 3.3) after ``iterations`` steps, exactly."""
     lo, hi = F(1), F(k)
     for _ in range(iterations):
         mid = (lo + hi) / 2
@@ -425,12 +425,12 @@ def chain_tree(tokens: Sequence[int], draft: Table) -> Any:
     return DraftTree.from_paths([tuple(tokens)], as_model(draft))
 
 
-# ----- a test-local Traversal (ALGORITHMS.md 6.2) with switchable order and update: the mutants' base ------
+# ----- a test-local Traversal (docs/algorithms.md section 6.2) with switchable order and update: the mutants' base ------
 def traversal_oracle(tree: Any, target: Table, rng: Any, rule: str = "current", order: str = "draw", wr: bool = False) -> tuple[int, ...]:
     """Traversal verification written from the statement of T05, independently of spec_ref.verify.
 
     ``rule``: "current" (w <- Z/(Z+1-w), the theorem), "initial" (w <- Z/(Z+1-w_initial)) or "draft_mass"
-    (w <- min(1, Z/(1-Q(x)))) -- the two wrong updates of ALGORITHMS.md 6.4. ``order``: "draw" (the theorem)
+    (w <- min(1, Z/(1-Q(x)))) -- the two wrong updates of docs/algorithms.md section 6.4. ``order``: "draw" (the theorem)
     or "token" (siblings sorted by token id). ``wr``: with-replacement rounds (dups), else WOR.
     """
     import numpy as np

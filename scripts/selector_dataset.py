@@ -1,4 +1,4 @@
-"""Offline dataset of the NDE selector (seeds/002 section 6, appendix E) for SmolLM2-135M-Instruct on CPU.
+"""Offline dataset of the NDE selector (seed 002 (docs/papers.md) section 6, appendix E) for SmolLM2-135M-Instruct on CPU.
 
     python scripts/selector_dataset.py            # 20 prompts x 5 roots, 1 shared draw each (about 20 min, 1 thread)
     python scripts/selector_dataset.py --quick    # 4 prompts x 3 roots
@@ -22,7 +22,7 @@ each root:
    level, prefixes shared;
 3. ONE target pass over the union of those trees (every node that has draws; leaves need no law);
 4. E_hat[tau(c, a) + 1] of all 324 actions per method (spec_fast.selector_data.action_efficiencies, eq. 3
-   with spec_ref's branching laws), averaged over the draws (the unbiased estimator of seeds/002 section 5;
+   with spec_ref's branching laws), averaged over the draws (the unbiased estimator of seed 002 section 5;
    the paper averages s = 4 trees; the default here is 1 to fit the CPU budget: unbiased, with more drafting
    variance per root);
 5. T_hat(c, a) of eq. 11 from the latency model (spec_fast.latency.LatencyModel.latency_table).

@@ -1,4 +1,4 @@
-"""Train the NDE selector (seeds/002 eq. 10 and 12) on the offline dataset and evaluate it on held-out roots.
+"""Train the NDE selector (seed 002 (docs/papers.md) eq. 10 and 12) on the offline dataset and evaluate it on held-out roots.
 
     python scripts/train_selector.py                                   # bench/data/selector_dataset.npz
     python scripts/train_selector.py --data bench/data/selector_dataset_quick.npz --steps 100
@@ -79,7 +79,7 @@ def _markdown(meta: dict[str, object], reports: dict[str, dict[str, object]], ac
               f"E/T; the per-root oracle would reach {oracle['tps_mean_vs_best_static']:.3f}x, so the dataset does hold "
               "context-dependent gains that this policy does not capture.",
               f"- Dataset: {header.get('roots')} roots, {header.get('trees_per_root')} shared draw(s) per root "
-              f"(seeds/002 averages 4), built in {header.get('seconds')} s by `{header.get('command')}`; latency model "
+              f"(seed 002 averages 4), built in {header.get('seconds')} s by `{header.get('command')}`; latency model "
               f"(warm-up on the machine that built it): {json.dumps(header.get('latency_model'))}.",
               "- Offline numbers only: the engine cannot decode with the selector yet, so no tok/s were measured."]
     lines += ["", "Actions the policy chose on held-out roots (K, L1, L2): count", ""]

@@ -1,6 +1,6 @@
 """The decoding operator G, batched in torch: temperature -> top-k -> top-p -> softmax.
 
-Same definition and tie-breaks as :func:`spec_ref.decoding_operator` (ALGORITHMS.md section 2):
+Same definition and tie-breaks as :func:`spec_ref.decoding_operator` (docs/algorithms.md section 2):
 
 1. greedy rows (``temperature == 0``) are one-hot at ``argmax`` of the raw logits, lowest id on ties;
 2. top-k (``1 <= k < V``) keeps every token whose logit is ``>=`` the k-th largest (ties at the threshold

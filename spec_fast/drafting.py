@@ -266,7 +266,7 @@ def draft_delayed_tree(
     drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
     num_paths: int, trunk: int, draft_law: DraftLaw, generator: torch.Generator, device: torch.device,
 ) -> DraftBatch:
-    """Delayed (K, L1, L2) tree (seeds/002 Def. 5.2): ``trunk`` = L1 tokens drawn one at a time, then
+    """Delayed (K, L1, L2) tree (seed 002 (docs/papers.md) Def. 5.2): ``trunk`` = L1 tokens drawn one at a time, then
     ``num_paths`` = K i.i.d. branches to ``depth``; children merged by token, draw order kept (the draws
     of :func:`spec_ref.draft_delayed_tree`). ``trunk = 0`` is the i.i.d. K x L tree."""
     batch = len(pending)

@@ -1,4 +1,4 @@
-"""Dual-draft decoding, batched: merged-tree verification (seeds/001) and step-level routing (seeds/000).
+"""Dual-draft decoding, batched: merged-tree verification (seed 001 (docs/papers.md)) and step-level routing (seed 000).
 The twin of :mod:`spec_ref.dual`.
 
 :class:`DualDrafter` pairs any two drafters (model, early exit, trained head, retrieval). Each step both
@@ -11,12 +11,12 @@ budget of its depth), then
   greedy walk (:func:`spec_fast.verify.verify_greedy`) commits the longest accepted path over both
   subtrees, ties to head 1 (:func:`spec_ref.dual.verify_merged_greedy`). At T > 0 the target verifies the
   token-merged union (:func:`union_tree`, one node per context) with NSS: one target draw per visited
-  node shared by every path (ALGORITHMS.md section 8); picking the best of several sampled paths instead
+  node shared by every path (docs/algorithms.md section 8); picking the best of several sampled paths instead
   would be lossy.
 * ``mode="route"``: :func:`route` scores each head by the mean confidence of its retained draft nodes
   (root excluded) and verifies only the winner's tree (ties to head 1): greedy at T = 0, NSS at T > 0.
 
-Both heads stay in sync with the committed text (seeds/000 section 7): after every step each head keeps
+Both heads stay in sync with the committed text (seed 000 section 7): after every step each head keeps
 the cache entries it holds for the accepted path and receives the rest of the committed tokens as pending
 tokens before it drafts again; heads that read the verifier's hidden states receive them for the committed
 entries whichever head won.
@@ -117,7 +117,7 @@ def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def merge_trees(first: DraftBatch, second: DraftBatch) -> DualDraft:
-    """The merged tree of seeds/001 section 4 (:func:`spec_ref.dual.merge_trees`), device-side.
+    """The merged tree of seed 001 section 4 (:func:`spec_ref.dual.merge_trees`), device-side.
 
     Head 1's slots keep their indices; head 2's slot ``i > 0`` becomes ``n1 + i`` with ``n1 = N1 - 1``
     (head 1's slot count less the root; padding slots of head 1 are invalid and stay in place, so the valid
@@ -223,7 +223,7 @@ def mean_confidence(draft: DraftBatch) -> torch.Tensor:
 
 
 def route(first: DraftBatch, second: DraftBatch) -> DualDraft:
-    """Step-level routing of seeds/000 (:func:`spec_ref.dual.route`): per row, head 1's tree if
+    """Step-level routing of seed 000 (:func:`spec_ref.dual.route`): per row, head 1's tree if
     ``mu_1 >= mu_2``, else head 2's. Device-side: both trees are padded to one width and selected per row."""
     mu = torch.stack([mean_confidence(first), mean_confidence(second)], dim=1)  # [B, 2]
     pick_first = mu[:, 0] >= mu[:, 1]  # [B]

@@ -12,7 +12,7 @@ One step, batched over ``B`` rows (each row = one prompt), one method per phase:
    drafted nodes only: N generated tokens by plain decoding cost the prefill plus N - 1 passes, as HF
    ``generate``.
 3. **verify** (:meth:`~SpeculativeDecoder._verify_phase`): :func:`spec_fast.verify.verify_greedy` at
-   temperature 0 (ALGORITHMS.md section 8), else :func:`spec_fast.verify.verify_tree` with
+   temperature 0 (docs/algorithms.md section 8), else :func:`spec_fast.verify.verify_tree` with
    ``target_probs = G(target logits)`` and ``draft_probs`` = the very tensor the drafts were sampled from.
 4. **commit** (:meth:`~SpeculativeDecoder._commit_phase`): target and draft caches keep exactly the
    accepted path by gathering its entries in place (:meth:`spec_fast.kv_cache.TreeKVCache.commit`);
@@ -221,7 +221,7 @@ class SpeculativeDecoder:
         drafters: tuple[Drafter, ...] = ()
         if self.strategy.drafts and self.drafter is not None:
             drafters = self.dual.heads if self.dual is not None else (self.drafter,)
-        # trained heads read the verifier's hidden states of every committed entry (seeds/000 section 7)
+        # trained heads read the verifier's hidden states of every committed entry (seed 000 (docs/papers.md) section 7)
         wants_hidden = any(bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
         target_cache = TreeKVCache(self.target, batch, self.device)
         root_logits, root_hidden, observe = self._prefill(target_cache, prompts, wants_hidden)

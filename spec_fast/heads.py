@@ -19,7 +19,7 @@ shared, frozen, and never saved):
     a recurrent feature head of a different depth/cost: the same input map followed by a residual MLP
     block and no attention (no cache), ``f_j = g(embed(x_j), f_{j-1})``.
 
-Both heads are advanced from the verifier's accepted hidden states (seeds/000 section 7): the engine
+Both heads are advanced from the verifier's accepted hidden states (seed 000 (docs/papers.md) section 7): the engine
 calls :meth:`HeadDrafter.observe_target` with the target's features of every committed entry, and the
 pending tokens of the next step read those true features; draft-tree nodes read the feature their parent
 entry predicted.

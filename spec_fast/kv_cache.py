@@ -5,7 +5,7 @@ row ``b``'s committed entries sit left-aligned in physical slots ``[0, lengths[b
 forward appends *block* entries (pending tokens, draft tree nodes) with a tree attention mask and
 depth-based positions (:mod:`spec_fast.tree_attention`). :meth:`TreeKVCache.commit` then gathers, per row,
 the entries of the accepted path behind the row's context and drops everything else, so the cache equals
-the cache of a fresh prefill of the accepted text, without re-running any accepted token (PEERS.md D2, D4).
+the cache of a fresh prefill of the accepted text, without re-running any accepted token (docs/engine.md section 3).
 """
 
 from __future__ import annotations

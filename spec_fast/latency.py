@@ -1,4 +1,4 @@
-"""The warm-up microbenchmark behind the NDE selector's latency model (seeds/002 eq. 11, appendix E).
+"""The warm-up microbenchmark behind the NDE selector's latency model (seed 002 (docs/papers.md) eq. 11, appendix E).
 
 Eq. (11) prices an action ``(K, L1, L2)`` at context length ``l`` with the measured forward times
 ``t_q`` (draft) and ``t_p`` (target) of the machine in use (:func:`spec_ref.selector.latency_estimate`).

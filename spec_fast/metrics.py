@@ -1,4 +1,4 @@
-"""Per-generation metrics (PEERS.md G3 definitions).
+"""Per-generation metrics (docs/engine.md section 6 definitions).
 
 * ``block_efficiency`` = generated tokens / target verification passes (each pass emits tau + 1 tokens,
   the bonus or correction token included; AR has 1.0);

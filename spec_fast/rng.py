@@ -1,4 +1,4 @@
-"""Counter-based, device-independent uniforms for replayable verification (STYLE.md P3).
+"""Counter-based, device-independent uniforms for replayable verification (docs/engine.md section 4).
 
 ``counter_uniforms(seed, offset, shape, device)`` is a *pure function* of ``(seed, counter)`` where the
 counter of element ``i`` (row-major index inside one row) is ``offset + i``. The hash is SplitMix64

@@ -1,10 +1,10 @@
 """The neural delayed-expansion (NDE) selector in torch: root features, the policy MLP, the training loss.
 
 Mirrors :mod:`spec_ref.selector` (the oracle of the loss) and adds what the reference leaves out, the
-network of seeds/002 eq. (10) and the features of its appendix E:
+network of seed 002 (docs/papers.md) eq. (10) and the features of its appendix E:
 
 * :func:`root_features` -- at a decoding step's root, from tensors the engine already holds (no extra
-  target pass; the draft runs on the root token anyway, seeds/002 footnote 4):
+  target pass; the draft runs on the root token anyway, seed 002 footnote 4):
 
   - hidden states ``h_prev^p`` (target, preceding token), ``h_prev^q`` (draft, preceding token),
     ``h_cur^q`` (draft, root token);

@@ -1,7 +1,7 @@
 """Block-efficiency targets of the NDE selector's offline dataset: E_hat[tau(c, a) + 1] for every action.
 
 At a root c the dataset needs, for every ``a = (K, L1, L2)`` of eq. (8), the estimate of eq. (3) over
-random ``(K, L1, L2)``-delayed trees (seeds/002 Def. 5.2, section 5). Drawing every action's trees apart
+random ``(K, L1, L2)``-delayed trees (seed 002 (docs/papers.md) Def. 5.2, section 5). Drawing every action's trees apart
 would cost 324 drafts and target passes per root; instead one *shared draw* serves all of them
 (:class:`DelayedDraws`):
 

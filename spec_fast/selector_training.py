@@ -1,4 +1,4 @@
-"""Training and held-out evaluation of the NDE selector on the offline dataset (seeds/002 section 6, App. E).
+"""Training and held-out evaluation of the NDE selector on the offline dataset (seed 002 (docs/papers.md) section 6, App. E).
 
 * :class:`SelectorData` -- the arrays of one dataset file (``scripts/selector_dataset.py``) for one
   verification method: features, E_hat[tau+1] ``[N, A]``, T_hat ``[N, A]`` and the prompt of every root.

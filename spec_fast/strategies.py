@@ -10,16 +10,16 @@ A :class:`Strategy` names a tree shape and a verifier:
 ``iid``        ``K`` i.i.d. paths of ``depth`` tokens       ``specinfer`` (default), ``naive_tree``,
                (merged by token, draw order kept)           ``nss``, ``spectr``, ``khisti``, ``traversal``
 ``delayed``    trunk of ``L1`` tokens, then ``K`` i.i.d.    same as ``iid``
-               branches of ``L2`` tokens (seeds/002 Def 5.2)
+               branches of ``L2`` tokens (seed 002 (docs/papers.md) Def 5.2)
 ``topk``       deterministic budgeted top-k tree (EAGLE-2;  ``nss`` (the only lossless sampling choice,
-               same rule as :func:`spec_ref.draft_topk_tree`) ALGORITHMS.md section 2)
+               same rule as :func:`spec_ref.draft_topk_tree`) docs/algorithms.md section 2)
 ``dynatree``   DynaTree adaptive tree (breadth by draft      ``nss``; greedy commit at T = 0
                confidence, depth gating, probability
                pruning, history adjustment; the decisions
                of :func:`spec_ref.draft_dynatree`)
 =============  ===========================================  =========================================
 
-At temperature 0 every strategy is verified by the exact greedy rule (ALGORITHMS.md section 8); with
+At temperature 0 every strategy is verified by the exact greedy rule (docs/algorithms.md section 8); with
 ``iid``/``delayed`` shapes the draft then samples its paths from ``softmax(draft logits)`` (the draft law
 is irrelevant to greedy verification), a ``chain`` follows the draft's argmax.
 
@@ -29,7 +29,7 @@ steps, re-probed every few steps); both kinds of steps are exact, so the output 
 
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
 ``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
-(seed depths as in seeds/003: the DraftTree depth is ``DMAX + 1``).
+(seed depths as in seed 003: the DraftTree depth is ``DMAX + 1``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Strategy:
         return 1 + self.budget  # topk and dynatree: the node budget
 
     def dynatree_params(self) -> DynaTreeParams:
-        """The DynaTree parameters (seeds/003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
+        """The DynaTree parameters (seed 003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
         from spec_ref.dynatree import DynaTreeParams
 
         return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget)

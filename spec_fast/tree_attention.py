@@ -10,7 +10,7 @@ A forward during a decoding step sees two kinds of key/value entries:
 
 Position ids are depth based: an entry at block depth ``d`` (0 for an entry attached directly to the
 context) has position ``context_lengths[b] + d``, so every tree node is encoded exactly as it would be on
-its own path (PEERS.md C3: DynaTree's reference code omits this).
+its own path (docs/engine.md section 2: DynaTree's reference code omits this).
 """
 
 from __future__ import annotations

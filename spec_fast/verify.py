@@ -13,9 +13,9 @@ Inputs (``K`` = ``tree.max_draws``, ``M`` >= :func:`uniforms_per_node`):
   documented in :mod:`spec_ref.verify` (module docstring, "Randomness layout") and, per solver, in
   :mod:`spec_ref.solvers`. :func:`spec_fast.rng.counter_uniforms` or :func:`draw_uniforms` make them.
 
-Methods: ``naive_tree, nss, spectr, specinfer, khisti`` (top-down OT driver, ALGORITHMS.md 4), ``naive,
-bv, tree_mc`` (path 0, ALGORITHMS.md 5), ``traversal`` (ALGORITHMS.md 6; ``sibling_model`` "wor"/"wr"),
-``greedy`` and ``dynatree`` (ALGORITHMS.md 8; no randomness; on a merged tree both are the same walk).
+Methods: ``naive_tree, nss, spectr, specinfer, khisti`` (top-down OT driver, docs/algorithms.md section 4), ``naive,
+bv, tree_mc`` (path 0, docs/algorithms.md section 5), ``traversal`` (docs/algorithms.md section 6; ``sibling_model`` "wor"/"wr"),
+``greedy`` and ``dynatree`` (docs/algorithms.md section 8; no randomness; on a merged tree both are the same walk).
 Options as in :func:`spec_ref.verify`: ``spectr_iterations`` (64), ``specinfer_order`` ("uniform"/"draw"),
 ``khisti_truncation`` (5), ``sibling_model`` ("wor"/"wr"); plus for every method
 
@@ -29,7 +29,7 @@ Options as in :func:`spec_ref.verify`: ``spectr_iterations`` (64), ``specinfer_o
   ``[0, V)`` and uniforms outside ``[0, 1)`` with a ``ValueError`` (one host sync). The engine passes
   ``False``: its inputs come from the decoding operator, and every emitted index is clamped to ``[0, V)``.
 
-Numerics (ALGORITHMS.md 9, ``spec_ref/_sampling.py``): probabilities are float32 tensors. Every scalar
+Numerics (docs/algorithms.md section 9, ``spec_ref/_sampling.py``): probabilities are float32 tensors. Every scalar
 test is evaluated in float64 on the gathered float32 values, in the reference's form and operand order
 (``u * q < p``, SpecTr ``u * (rho * q) < p``, BV/Traversal ``u < h``). ``[rows, V]`` arithmetic (residuals,
 weighted differences) runs in float32, updated in place on fresh copies (large fresh tensors cost page
@@ -95,7 +95,7 @@ F64 = torch.float64
 
 @dataclass(frozen=True, eq=False)
 class TreeVerifyOutput:
-    """One verification step per row (ALGORITHMS.md 1, "Output of one verification step").
+    """One verification step per row (docs/algorithms.md section 1, "Output of one verification step").
 
     ``accepted_slots [B, D+1]``: slots of the accepted path from the root (slot 0), ``-1`` padded;
     ``num_accepted [B]``: tau, the number of accepted drafted tokens (= depth of the accepted node);
@@ -290,7 +290,7 @@ def _sub(t: Tensor, idx: Tensor | None) -> Tensor:
 
 
 # ========================================================================================================
-# Token-level solvers at one node per row (ALGORITHMS.md 3; budgets in spec_ref/solvers.py)
+# Token-level solvers at one node per row (docs/algorithms.md section 3; budgets in spec_ref/solvers.py)
 # ========================================================================================================
 @dataclass
 class _Node:
@@ -598,7 +598,7 @@ def _ot_driver(
     ctx: _Rows,
     options: dict[str, Any],
 ) -> tuple[Tensor, Tensor]:
-    """Top-down OT driver (ALGORITHMS.md 4); ``method == "naive"`` stops at the first rejection (5.1)."""
+    """Top-down OT driver (docs/algorithms.md section 4); ``method == "naive"`` stops at the first rejection (5.1)."""
     batch = tree.batch_size
     device = tree.tokens.device
     current = torch.zeros(batch, dtype=torch.long, device=device)
@@ -636,7 +636,7 @@ def _ot_driver(
 
 
 def _greedy_driver(tree: FlatTree, target_scores: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:
-    """Greedy (ALGORITHMS.md 8): the deepest node whose every token equals the argmax of the target
+    """Greedy (docs/algorithms.md section 8): the deepest node whose every token equals the argmax of the target
     scores (probabilities or raw logits) at its parent, lowest id on ties; among equally deep such nodes
     the lowest slot. With children merged by token there is one such path; on a merged dual tree whose
     heads both proposed a token this is the longest match over both subtrees, ties to head 1 (lower slots),
@@ -655,7 +655,7 @@ def _greedy_driver(tree: FlatTree, target_scores: Tensor, max_depth: int) -> tup
 
 
 def verify_greedy(tree: FlatTree, target_scores: Tensor, max_depth: int | None = None) -> TreeVerifyOutput:
-    """Exact greedy verification (ALGORITHMS.md 8) of ``tree`` against ``target_scores [B, N, V]`` (raw
+    """Exact greedy verification (docs/algorithms.md section 8) of ``tree`` against ``target_scores [B, N, V]`` (raw
     target logits or probabilities; only their argmax is read). Same as ``verify_tree("greedy", ...)``
     without the unused draft and uniform inputs; also correct on trees with duplicate sibling tokens
     (merged dual trees, :func:`_greedy_driver`). ``max_depth`` skips one host read when given."""
@@ -692,7 +692,7 @@ def _path_weights(
 def _bv_driver(
     tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, path: Tensor, ctx: _Rows
 ) -> tuple[Tensor, Tensor]:
-    """Block verification (ALGORITHMS.md 5.2) in spec_ref's layout: node v_i's row holds [u < h_i, extra]."""
+    """Block verification (docs/algorithms.md section 5.2) in spec_ref's layout: node v_i's row holds [u < h_i, extra]."""
     batch, width = path.shape
     device = path.device
     rows = torch.arange(batch, device=device)
@@ -742,7 +742,7 @@ def _bv_driver(
 def _tree_mc_driver(
     tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, path: Tensor, ctx: _Rows
 ) -> tuple[Tensor, Tensor]:
-    """Hu & Huang's tree verification (ALGORITHMS.md 5.3): one inverse-CDF draw over the L x V cells,
+    """Hu & Huang's tree verification (docs/algorithms.md section 5.3): one inverse-CDF draw over the L x V cells,
     done as row totals then one row, with the root's uniforms [cell draw, bonus draw]."""
     batch, width = path.shape
     device = path.device
@@ -851,7 +851,7 @@ def _traversal_driver(
     sibling_model: str,
     ctx: _Rows,
 ) -> tuple[Tensor, Tensor]:
-    """Traversal verification (ALGORITHMS.md 6) in true post-order with children in draw order.
+    """Traversal verification (docs/algorithms.md section 6) in true post-order with children in draw order.
 
     The state (w, P, Q) of a node only changes while it is on the current root-to-leaf stack, so it is
     kept per stack level (``[B, D+1, V]``, written only once a node has rejected a round); a node's weight
@@ -1021,7 +1021,7 @@ def _check_inputs(
         raise ValueError(f"uniforms.shape={tuple(uniforms.shape)} must be (B, N, M) with (B, N)={(batch, n)}, M >= {need}")
     if tree.process == "deterministic" and method not in _DETERMINISTIC_OK:
         raise ValueError(
-            f"method={method!r} on a process='deterministic' tree is lossy (ALGORITHMS.md 2); use one of {_DETERMINISTIC_OK}"
+            f"method={method!r} on a process='deterministic' tree is lossy (docs/algorithms.md section 2); use one of {_DETERMINISTIC_OK}"
         )
     sibling_model = options.get("sibling_model", "wor")
     if method == "traversal" and sibling_model not in ("wor", "wr"):
@@ -1029,7 +1029,7 @@ def _check_inputs(
     if tree.process == "without_replacement":
         if not (method in _DETERMINISTIC_OK or (method == "traversal" and sibling_model == "wor")):
             raise ValueError(
-                f"method={method!r} assumes i.i.d. draws but the tree has process='without_replacement' (TESTING.md 0.8)"
+                f"method={method!r} assumes i.i.d. draws but the tree has process='without_replacement' (docs/testing.md section 0 (item 8))"
             )
     if method == "specinfer" and options.get("specinfer_order", "uniform") not in ("uniform", "draw"):
         raise ValueError(f"specinfer_order must be 'uniform' or 'draw', got {options.get('specinfer_order')!r}")

@@ -1,8 +1,8 @@
-"""Sampling primitives and the comparison conventions shared by every algorithm (STYLE.md P4).
+"""Sampling primitives and the comparison conventions shared by every algorithm (docs/algorithms.md section 9).
 
 * Accept test: ``accept(u, draft_mass, target_mass)`` is ``u * draft_mass < target_mass`` with
   ``u`` in [0, 1). It never divides, and never accepts a token of zero target mass, even at ``u = 0``
-  (ALGORITHMS.md sections 1 and 9). ``spec_fast`` uses the identical form.
+  (docs/algorithms.md sections 1 and 9). ``spec_fast`` uses the identical form.
 * Inverse CDF: ``inverse_cdf(weights, u)`` returns the smallest index ``i`` with
   ``cumsum(weights)[i] > u * sum(weights)``; if rounding pushes ``u * sum`` past the last partial sum it
   returns the last index of positive weight. It never returns an index of zero weight.
@@ -46,7 +46,7 @@ def positive_part(values: Vector) -> Vector:
 
 
 def residual(a: Vector, b: Vector) -> Vector:
-    """``Res(a, b)`` of ALGORITHMS.md section 1, with the fallback to ``a / sum(a)``."""
+    """``Res(a, b)`` of docs/algorithms.md section 1, with the fallback to ``a / sum(a)``."""
     mass = positive_part(a - b)
     total = mass.sum()
     if total > 0:

@@ -1,4 +1,4 @@
-"""The decoding operator G: temperature -> top-k -> top-p -> softmax (ALGORITHMS.md section 2).
+"""The decoding operator G: temperature -> top-k -> top-p -> softmax (docs/algorithms.md section 2).
 
 Losslessness is always relative to G(target logits): speculative decoding reproduces ordinary sampling
 with the same (temperature, top_k, top_p), not raw-softmax sampling (proofs/T08_decoding_operator.md).

@@ -1,18 +1,18 @@
 """Draft-tree construction: i.i.d. K x L trees, delayed (K, L1, L2) trees, budgeted top-k trees.
 
-Three drafting processes (ALGORITHMS.md section 1; ``DraftTree.process``):
+Three drafting processes (docs/algorithms.md section 1; ``DraftTree.process``):
 
-* :func:`draft_delayed_tree` (``process="iid"``): seeds/002 Def. 5.2. A trunk of ``L1`` tokens sampled one
+* :func:`draft_delayed_tree` (``process="iid"``): seed 002 (docs/papers.md) Def. 5.2. A trunk of ``L1`` tokens sampled one
   at a time from q, then ``K`` i.i.d. branches of ``L2`` tokens each from the branch node. ``L1 = 0`` is the
-  i.i.d. K x L tree (:func:`draft_iid_tree`). Draws per node, in draw order (ALGORITHMS.md section 1):
+  i.i.d. K x L tree (:func:`draft_iid_tree`). Draws per node, in draw order (docs/algorithms.md section 1):
   a trunk node has ``n_u = 1``; the branch node has ``n_u = K`` (the first tokens of branches 1..K, in
   branch order); a node below it has ``n_u`` = the number of branches through it (their next tokens, in
   branch order).
-* :func:`draft_topk_tree` (``process="deterministic"``): seeds/000 section 3 / EAGLE-2: top-k expansions up
+* :func:`draft_topk_tree` (``process="deterministic"``): seed 000 section 3 / EAGLE-2: top-k expansions up
   to a depth limit, then the best ``budget`` draft nodes by cumulative draft log-score, kept closed under
   ancestors. Deterministic, so it carries no draft distributions (q is a point mass at each drafted token,
-  ALGORITHMS.md section 2) but it carries each node's *confidence* (the exponentiated cumulative draft
-  log-score of seeds/000 section 4) for routing (:mod:`spec_ref.dual`).
+  docs/algorithms.md section 2) but it carries each node's *confidence* (the exponentiated cumulative draft
+  log-score of seed 000 section 4) for routing (:mod:`spec_ref.dual`).
 
 Deterministic trees are returned as :class:`ScoredDraftTree`, a :class:`~spec_ref.tree.DraftTree` that also
 stores ``confidences [N]``: ``confidences[i] = prod_{edges u -> u.t on the path to i} q_u(t)`` (root: 1),
@@ -56,8 +56,8 @@ class ScoredDraftTree(DraftTree):
     """A :class:`DraftTree` that also carries ``confidences [N]`` (module docstring).
 
     ``confidences[i]`` is the product of the draft probabilities along the root-to-``i`` path (root: 1),
-    the confidence ``c_i = exp(s_i)`` of seeds/000 section 4 and the cumulative path probability
-    ``p(u) = exp(l_bar_u)`` of seeds/003 section 3.3.
+    the confidence ``c_i = exp(s_i)`` of seed 000 section 4 and the cumulative path probability
+    ``p(u) = exp(l_bar_u)`` of seed 003 section 3.3.
     """
 
     confidences: tuple[Any, ...] = ()
@@ -161,7 +161,7 @@ def _assemble(
 
 # ----- i.i.d. and delayed trees ---------------------------------------------------------------------
 def draft_delayed_tree(draft_model: Model, K: int, L1: int, L2: int, rng: Any) -> DraftTree:
-    """Sample a random (K, L1, L2)-delayed tree (seeds/002 Def. 5.2); ``L1 = 0`` is the i.i.d. K x L2 tree.
+    """Sample a random (K, L1, L2)-delayed tree (seed 002 Def. 5.2); ``L1 = 0`` is the i.i.d. K x L2 tree.
 
     ``draft_model``: prefix (token ids after the root) -> draft probabilities ``[V]`` (float or Fraction).
     ``K >= 1`` branches, trunk length ``L1 >= 0``, branch length ``L2 >= 0``. ``rng``: a
@@ -172,7 +172,7 @@ def draft_delayed_tree(draft_model: Model, K: int, L1: int, L2: int, rng: Any) -
     (``b1_j ~ q(. | a, b1_{<j})``), then branch 2's, ..., branch K's. Nothing else is drawn.
 
     The result (``process="iid"``) has ``draft_probs[u] = draft_model(prefix(u))`` at every node with draws
-    and draws per node exactly as ALGORITHMS.md section 1 says: ``n_u = 1`` on the trunk, ``n_u = K`` at the
+    and draws per node exactly as docs/algorithms.md section 1 says: ``n_u = 1`` on the trunk, ``n_u = K`` at the
     branch node, and below it one draw per branch through the node, in branch order. If ``L2 = 0`` the
     tree is the trunk alone (the branches are empty, whatever K).
     """
@@ -209,7 +209,7 @@ def draft_iid_tree(draft_model: Model, K: int, L: int, rng: Any) -> DraftTree:
 
 # ----- deterministic budgeted top-k trees -----------------------------------------------------------
 def draft_topk_tree(draft_model: Model, depth: int, top_k: int, budget: int) -> ScoredDraftTree:
-    """Deterministic top-k tree with a node budget (seeds/000 section 3, EAGLE-2 style). No randomness.
+    """Deterministic top-k tree with a node budget (seed 000 section 3, EAGLE-2 style). No randomness.
 
     The *full expansion* gives every node at depth ``< depth`` its ``top_k`` most probable next tokens
     under ``draft_model`` (tokens of positive draft probability only; ties broken by the lower token id).
@@ -224,7 +224,7 @@ def draft_topk_tree(draft_model: Model, depth: int, top_k: int, budget: int) -> 
     ``budget + 1`` times.
 
     Returns a :class:`ScoredDraftTree` with ``process="deterministic"``, ``draft_probs`` all ``None`` (q is
-    a point mass at each drafted token: verify with NSS or greedy only, ALGORITHMS.md section 2), draws at
+    a point mass at each drafted token: verify with NSS or greedy only, docs/algorithms.md section 2), draws at
     each node = its kept children in rank order (decreasing draft probability, then token id).
 
     Raises ``ValueError`` for ``depth < 1``, ``top_k < 1`` or ``budget < 1``.

@@ -1,32 +1,32 @@
-"""Dual-draft trees: the merged tree of seeds/001 and step-level routing of seeds/000.
+"""Dual-draft trees: the merged tree of seed 001 (docs/papers.md) and step-level routing of seed 000.
 
-Conventions (ALGORITHMS.md section 8). Node 0 of every tree is the root: the context ending in the root
+Conventions (docs/algorithms.md section 8). Node 0 of every tree is the root: the context ending in the root
 token s_{t+1} that the previous verification produced. Draft nodes hang below it; prefixes given to
 ``target_model`` are the drafted tokens after the root.
 
-**Merge** (:func:`merge_trees`, seeds/001 section 4.1). Head 1's nodes keep their indices; head 2's node
+**Merge** (:func:`merge_trees`, seed 001 section 4.1). Head 1's nodes keep their indices; head 2's node
 ``i > 0`` becomes ``phi(i) = n1 + i`` (``phi(0) = 0``), where ``n1`` is head 1's number of non-root nodes;
 parents are remapped through phi, so the two subtrees share only the root. The attention mask, depth
 positions and path matrix are those of :func:`spec_ref.tensorize.tensorize_structure` on the merged
 parents; the mask has the block form ``[[1, 0, 0], [1, M1, 0], [1, 0, M2]]``.
 
-*Duplicate tokens under the root* (ALGORITHMS.md section 8 leaves the choice open). **Choice: keep both.**
+*Duplicate tokens under the root* (docs/algorithms.md section 8 leaves the choice open). **Choice: keep both.**
 The merged structure keeps the two subtrees disjoint even when both heads propose the same token (as the
-block mask of seeds/001 section 4.2 requires); :func:`verify_merged_greedy` then runs a DFS over *all*
+block mask of seed 001 section 4.2 requires); :func:`verify_merged_greedy` then runs a DFS over *all*
 matching children and keeps the longest accepted path, ties to head 1. For a sampling verifier, which
 needs one node per context, :meth:`MergedTree.union_tree` gives the token-merged union as a
 :class:`~spec_ref.tree.DraftTree` (duplicates merged, draw lists concatenated head 1 first).
 
-*Sampling on dual-draft trees* (ALGORITHMS.md section 8, which corrects the loose wording of seeds/000 6.2
-and seeds/001 6.2): these are one-hot-draft rejections, i.e. NSS on a deterministic tree, with one target
+*Sampling on dual-draft trees* (docs/algorithms.md section 8, which corrects the loose wording of seed 000 6.2
+and seed 001 6.2): these are one-hot-draft rejections, i.e. NSS on a deterministic tree, with one target
 draw per visited node shared by all paths. Run ``verify(merged.union_tree(), target_model, "nss", rng)``;
 choosing the best of several independently sampled paths afterwards is lossy.
 
-*Greedy alignment* (ALGORITHMS.md section 8): the first drafted level u_1 is checked against the target
-argmax at the root (the context ending in s_{t+1}); seeds/000 6.1 writes ``u_j = z_hat_{t+j}``, which is
+*Greedy alignment* (docs/algorithms.md section 8): the first drafted level u_1 is checked against the target
+argmax at the root (the context ending in s_{t+1}); seed 000 6.1 writes ``u_j = z_hat_{t+j}``, which is
 the same once positions are aligned so that z_hat_{t+j} is predicted from the context ending at u_{j-1}.
 
-**Lossy combinations are refused** with ``ValueError`` (TESTING.md sections 0.8 and 7):
+**Lossy combinations are refused** with ``ValueError`` (docs/testing.md sections 0 (item 8) and 7):
 
 * merging sampled (i.i.d.) trees whose draft distributions differ at a context both heads drew from:
   the merged node would need one shared q for draws that came from two different q's;
@@ -34,11 +34,11 @@ the same once positions are aligned so that z_hat_{t+j} is predicted from the co
 * routing on sampled drafts: picking the tree after seeing its draws makes them no longer i.i.d. from q
   (measured TV up to 0.23); routing needs deterministic (top-k) trees, verified with NSS or greedy.
 
-**Routing** (:func:`route`, seeds/000 sections 4-5): node confidence ``c_{h,i} = exp(s_{h,i})`` (the
+**Routing** (:func:`route`, seed 000 sections 4-5): node confidence ``c_{h,i} = exp(s_{h,i})`` (the
 product of draft probabilities along the path, :class:`~spec_ref.drafting.ScoredDraftTree`), head score
 ``mu_h`` = mean confidence over the retained draft nodes (root excluded; ``mu_h = 0`` when a head has no
 draft node), ``h* = argmax mu_h`` with ties to head 1. Each step commits ``A_k = 1 + a`` tokens (the root
-token plus ``a`` accepted draft tokens; seeds/000 section 9): :func:`tokens_per_step`.
+token plus ``a`` accepted draft tokens; seed 000 section 9): :func:`tokens_per_step`.
 
 Theorems: proofs/T06_deterministic_trees_and_routing.md (routing), proofs/T07_merge_and_greedy.md (merge, greedy).
 """
@@ -76,7 +76,7 @@ def _same_distribution(a: Vector, b: Vector) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class MergedTree:
-    """The merged dual-draft tree of seeds/001 (module docstring).
+    """The merged dual-draft tree of seed 001 (module docstring).
 
     ``tokens [N]``, ``parents [N]`` (root -1), ``heads [N]`` (0 for the root, else 1 or 2), ``phi``
     (head-2 index -> merged index, ``phi[0] = 0``), ``num_head_nodes = (n1, n2)``, ``layout`` (mask,
@@ -133,7 +133,7 @@ def _check_tree(tree: Any, name: str) -> DraftTree:
 
 
 def merge_trees(tree_a: DraftTree, tree_b: DraftTree) -> MergedTree:
-    """Merge two heads' trees under their shared root (seeds/001 section 4; module docstring).
+    """Merge two heads' trees under their shared root (seed 001 section 4; module docstring).
 
     Head 1 = ``tree_a`` (indices kept), head 2 = ``tree_b`` (``phi(i) = n1 + i``). Refuses (``ValueError``)
     different draft processes, ``without_replacement`` trees, and sampled trees whose ``draft_probs``
@@ -218,7 +218,7 @@ def mean_confidence(tree: DraftTree, name: str = "tree") -> Any:
 
 
 def route(tree_a: DraftTree, tree_b: DraftTree) -> RouteResult:
-    """Step-level routing of seeds/000: verify only the head with the larger mean confidence.
+    """Step-level routing of seed 000: verify only the head with the larger mean confidence.
 
     ``h* = 1`` if ``mu_1 >= mu_2`` (ties go to head 1), else 2. Deterministic: no randomness.
     """
@@ -230,14 +230,14 @@ def route(tree_a: DraftTree, tree_b: DraftTree) -> RouteResult:
 
 
 def tokens_per_step(accepted_length: int) -> int:
-    """``A_k = 1 + a`` (seeds/000 section 9): the root token plus ``a`` accepted draft tokens."""
+    """``A_k = 1 + a`` (seed 000 section 9): the root token plus ``a`` accepted draft tokens."""
     if isinstance(accepted_length, bool) or not isinstance(accepted_length, (int, np.integer)) or accepted_length < 0:
         raise ValueError(f"accepted_length must be an integer >= 0, got {accepted_length!r}")
     return 1 + int(accepted_length)
 
 
 def mean_tokens_per_step(accepted_lengths: Sequence[int]) -> Fraction:
-    """``tau = sum_k A_k / #steps`` (seeds/000 section 9), exactly, as a Fraction."""
+    """``tau = sum_k A_k / #steps`` (seed 000 section 9), exactly, as a Fraction."""
     lengths = list(accepted_lengths)
     if not lengths:
         raise ValueError("accepted_lengths=[] is empty: tau needs at least one step")
@@ -273,7 +273,7 @@ def _argmax_lowest(probs: Vector) -> int:
 
 
 def verify_merged_greedy(merged: MergedTree, target_model: Model) -> MergedGreedyResult:
-    """Greedy (T = 0) longest match over the merged tree (seeds/001 6.1; ALGORITHMS.md section 8).
+    """Greedy (T = 0) longest match over the merged tree (seed 001 6.1; docs/algorithms.md section 8).
 
     ``target_model``: prefix -> target probabilities ``[V]``; the greedy token at a node is its argmax,
     ties broken by the lowest id. A DFS from the root visits *every* child whose token equals the greedy

@@ -1,4 +1,4 @@
-"""DynaTree adaptive drafting (seeds/003 section 3.3 and Algorithm 1, DRAFTTREE), deterministic.
+"""DynaTree adaptive drafting (seed 003 (docs/papers.md) section 3.3 and Algorithm 1, DRAFTTREE), deterministic.
 
 Tree. The seed's tree root u0 is the draft's top-1 token at the prefix; here it is node 1, the only child
 of the :class:`~spec_ref.tree.DraftTree` root (node 0, the prefix context). Seed depth ``d(u)`` (u0 has
@@ -32,7 +32,7 @@ and the drafted depth of the tree awaiting verification. :func:`update_history` 
 accepted length ``tau_r`` (draft tokens accepted, bonus excluded) and appends ``a_r = tau_r / D_r``, where
 ``D_r`` is that tree's maximum DraftTree depth (the longest acceptable path, u0 included), so
 ``a_r in [0, 1]`` is "the fraction of drafted tokens committed" along the best path. Before each draft,
-:func:`adjusted_params` sets the effective parameters from the window mean ``a_bar`` (seeds/003 eq. for
+:func:`adjusted_params` sets the effective parameters from the window mean ``a_bar`` (seed 003 eq. for
 ``a_bar_t``), *only once the window holds W values* (warm-up: base parameters):
 
 * ``a_bar >= high_acceptance`` (aggressive): ``D_0' = min(D_0 + depth_step, D_max - 1)``,
@@ -77,9 +77,9 @@ def _real(value: Any, name: str) -> Any:
 
 @dataclass(frozen=True)
 class DynaTreeParams:
-    """DynaTree drafting parameters (seeds/003 Algorithm 1 "Require" line). Validated on construction.
+    """DynaTree drafting parameters (seed 003 Algorithm 1 "Require" line). Validated on construction.
 
-    Defaults: seeds/003 appendix A where it gives a value (D_0 = 5, D_max = 8, (B_min, B_max) = (1, 3),
+    Defaults: seed 003 appendix A where it gives a value (D_0 = 5, D_max = 8, (B_min, B_max) = (1, 3),
     (tau_h, tau_l) = (0.9, 0.4)); the rest are this project's choices.
 
     ``branch_min <= branch_mid <= branch_max`` (>= 1); ``0 < tau_low < tau_high < 1`` (confidence thresholds

@@ -1,9 +1,9 @@
-"""Expected block efficiency E[tau + 1] of a verification step (seeds/002 eq. 1-3; ALGORITHMS.md 4, 5).
+"""Expected block efficiency E[tau + 1] of a verification step (seed 002 (docs/papers.md) eq. 1-3; docs/algorithms.md section 4, 5).
 
 * :func:`expected_block_efficiency` ``(tree, target_model, method)`` = E[tau + 1 | tree], exactly:
   - OT methods (naive_tree, nss, spectr, specinfer, khisti): eq. 3, the sum over every node c of the tree
     (the root included, reached with probability 1) of the product of the branching probabilities
-    ``B_u(t | D_u)`` on the edges u -> u.t of the path to c (ALGORITHMS.md 4; SpecInfer's branching is the
+    ``B_u(t | D_u)`` on the edges u -> u.t of the path to c (docs/algorithms.md section 4; SpecInfer's branching is the
     corrected Alg 14);
   - naive (path 0): ``1 + sum_{i=1..L} prod_{j<=i} min(1, p_{j-1}(x_j)/q_{j-1}(x_j))`` (5.1);
   - bv and tree_mc (path 0; equal in law, 5.3): ``1 + sum_{i=1..L} (1 - prod_{j=i..L} (1 - h_j))`` (5.2);
@@ -12,7 +12,7 @@
 * :func:`exact_block_efficiency` and :func:`accepted_depth_law`: the law of tau (and its mean + 1) by
   exact enumeration of every random branch of :func:`spec_ref.verify`, for any method (small cases only).
 * :func:`estimate_block_efficiency`: the unbiased s-sample estimator of eq. 1-3 over random delayed
-  (K, L1, L2) trees (seeds/002 Def. 5.2 and section 5): draw s trees with the draft model and average
+  (K, L1, L2) trees (seed 002 Def. 5.2 and section 5): draw s trees with the draft model and average
   E[tau + 1 | tree]. It removes the verification variance, not the drafting variance.
 
 Results are Fractions in exact mode (any Fraction input) and floats otherwise.

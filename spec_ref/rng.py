@@ -3,7 +3,7 @@
 Protocol (:class:`RandomSource`), one uniform per call on the sampling sources:
 
 * ``uniform()``            -> U in [0, 1). Algorithms only *compare* it, always in the multiplicative form
-  ``U * draft_mass < target_mass`` (ALGORITHMS.md section 1 and 9), so it can be symbolic.
+  ``U * draft_mass < target_mass`` (docs/algorithms.md section 1 and 9), so it can be symbolic.
 * ``bernoulli(a)``         -> ``uniform() < a``.
 * ``categorical(weights)`` -> inverse CDF of ``weights / sum(weights)`` at one uniform
   (:func:`spec_ref._sampling.inverse_cdf`: never returns a zero-weight index).
@@ -20,7 +20,7 @@ Sources:
 * :func:`exact_law` runs a routine under an *enumerating* source that follows every random branch and
   weighs it with :class:`fractions.Fraction` probabilities, returning the exact output law. Its
   ``uniform()`` returns a :class:`SymbolicUniform` that tracks the interval it is known to lie in and
-  branches exactly on each comparison (TESTING.md section 4.1 and appendix A).
+  branches exactly on each comparison (docs/testing.md section 4.1 and appendix A).
 
 Each routine documents its *randomness budget*: which calls it makes, in which order, and what each
 means, so that the same uniforms can be handed to ``spec_fast``.
@@ -221,7 +221,7 @@ def as_source(rng: Any) -> RandomSource:
 
 
 class _EnumeratingSource:
-    """One run of the enumerator along a recorded tape of branch choices (TESTING.md appendix A)."""
+    """One run of the enumerator along a recorded tape of branch choices (docs/testing.md Appendix A)."""
 
     def __init__(self, tape: list[int]) -> None:
         self.tape = tape

@@ -1,4 +1,4 @@
-"""The neural delayed-expansion (NDE) selector's math, as plain NumPy (seeds/002 section 6 and appendix E).
+"""The neural delayed-expansion (NDE) selector's math, as plain NumPy (seed 002 (docs/papers.md) section 6 and appendix E).
 
 This is the reference the torch selector must match. No network here (eq. 10 is the MLP that produces the
 logits); only the action space, the latency model, the throughput objectives and the training loss.

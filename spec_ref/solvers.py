@@ -1,4 +1,4 @@
-"""The five token-level OTLP solvers of seeds/002 appendix B (NSS, Naive, SpecTr, SpecInfer, Khisti).
+"""The five token-level OTLP solvers of seed 002 (docs/papers.md) appendix B (NSS, Naive, SpecTr, SpecInfer, Khisti).
 
 Each solver decides the next token Y at one tree node from the processed target distribution
 ``target_probs [V]`` (p), the distribution the drafts were really sampled from ``draft_probs [V]`` (q) and
@@ -7,7 +7,7 @@ the ordered i.i.d. draws ``draft_tokens`` (x_1..x_k, draw order, repeats allowed
 
 * ``sample(target_probs, draft_probs, draft_tokens, rng) -> int``;
 * ``branching(target_probs, draft_probs, draft_tokens) -> [V]``: the exact law of Y given the draws
-  (seeds/002 appendix D, with ALGORITHMS.md corrections);
+  (seed 002 appendix D, with docs/algorithms.md corrections);
 * ``acceptance(target_probs, draft_probs, k)``: ``P(Y in {x_i})`` with the draws random (appendix C);
 * ``plan(target_probs, draft_probs, k)``: the deterministic per-node precomputation (SpecTr's rho*,
   SpecInfer's residual chain, Khisti's pair LPs) that ``sample_planned`` and ``branching_planned`` share,
@@ -124,13 +124,13 @@ class Solver(ABC):
         return self.sample_planned(self._plan(target, draft, len(tokens)), tokens, as_source(rng))
 
     def branching(self, target_probs: Any, draft_probs: Any, draft_tokens: Sequence[int]) -> Vector:
-        """The exact law ``[V]`` of the output given the draws (seeds/002 appendix D)."""
+        """The exact law ``[V]`` of the output given the draws (seed 002 appendix D)."""
         target, draft = probability_pair(target_probs, draft_probs)
         tokens = draft_token_tuple(draft_tokens, draft)
         return self.branching_planned(self._plan(target, draft, len(tokens)), tokens)
 
     def acceptance(self, target_probs: Any, draft_probs: Any, k: int) -> Scalar:
-        """``P(Y in {X_1..X_k})`` with ``X_i ~ q`` i.i.d. (seeds/002 appendix C; exact where stated)."""
+        """``P(Y in {X_1..X_k})`` with ``X_i ~ q`` i.i.d. (seed 002 appendix C; exact where stated)."""
         target, draft = probability_pair(target_probs, draft_probs)
         return self._acceptance(self._plan(target, draft, draft_count(k)))
 
@@ -199,7 +199,7 @@ def acceptance_by_enumeration(solver: Solver, plan: SolverPlan, max_tuples: int 
 # 3.1 NSS
 # ========================================================================================================
 class NSSSolver(Solver):
-    """Naive *stochastic* sampling (ALGORITHMS.md 3.1): ignore the drafts, ``Y ~ p``."""
+    """Naive *stochastic* sampling (docs/algorithms.md section 3.1): ignore the drafts, ``Y ~ p``."""
 
     name = "nss"
 
@@ -219,7 +219,7 @@ class NSSSolver(Solver):
 # 3.2 Naive (Leviathan/Chen rule on the first draw)
 # ========================================================================================================
 class NaiveSolver(Solver):
-    """Naive OTLP / NaiveTree (ALGORITHMS.md 3.2): test x_1 only; on rejection ``Y ~ Res(p, q)``."""
+    """Naive OTLP / NaiveTree (docs/algorithms.md section 3.2): test x_1 only; on rejection ``Y ~ Res(p, q)``."""
 
     name = "naive"
 
@@ -240,7 +240,7 @@ class NaiveSolver(Solver):
         if k == 0:
             return p[0] * 0  # type: ignore[no-any-return]
         one = _one(p)
-        # Alg 7 is correct (ALGORITHMS.md 3.2): a rejected x_1 has Res(x_1) = 0, and draws 2..k are independent.
+        # Alg 7 is correct (docs/algorithms.md section 3.2): a rejected x_1 has Res(x_1) = 0, and draws 2..k are independent.
         return np.minimum(p, q).sum() + (positive_part(p - q) * (one - (one - q) ** (k - 1))).sum()  # type: ignore[no-any-return]
 
 
@@ -253,7 +253,7 @@ def rho_star(target_probs: Vector, draft_probs: Vector, k: int, iterations: int 
     f(rho) = 1 - (1 - beta(rho))^k - rho*beta(rho) with beta(rho) = sum min(p/rho, q) is non-increasing,
     f(1) >= 0 >= f(k); rho is feasible iff f(rho) <= 0. Returning ``hi`` keeps every SpecTr residual
     non-negative. The seed's "solve by binary search" leaves the bracket open; the lower bracket is lossy
-    (ALGORITHMS.md 3.3 and 7; proofs/T02_spectr_rho_star.md). Exact in exact mode (dyadic midpoints).
+    (docs/algorithms.md section 3.3 and 7; proofs/T02_spectr_rho_star.md). Exact in exact mode (dyadic midpoints).
     """
     one = _one(target_probs)
     if k <= 1:
@@ -270,7 +270,7 @@ def rho_star(target_probs: Vector, draft_probs: Vector, k: int, iterations: int 
 
 
 class SpecTrSolver(Solver):
-    """SpecTr K-SEQ (ALGORITHMS.md 3.3) with rho = :func:`rho_star` (upper bracket)."""
+    """SpecTr K-SEQ (docs/algorithms.md section 3.3) with rho = :func:`rho_star` (upper bracket)."""
 
     name = "spectr"
 
@@ -332,7 +332,7 @@ class SpecTrSolver(Solver):
 # 3.4 SpecInfer (recursive rejection sampling with replacement)
 # ========================================================================================================
 class SpecInferSolver(Solver):
-    """SpecInfer RRS with replacement (ALGORITHMS.md 3.4). ``order='uniform'`` (seed Alg 4) or ``'draw'``."""
+    """SpecInfer RRS with replacement (docs/algorithms.md section 3.4). ``order='uniform'`` (seed Alg 4) or ``'draw'``."""
 
     name = "specinfer"
 
@@ -362,7 +362,7 @@ class SpecInferSolver(Solver):
         return rng.categorical(chain[plan.k])
 
     def _branching(self, plan: SolverPlan, tokens: tuple[int, ...]) -> Vector:
-        # Corrected Alg 14 (ALGORITHMS.md 3.4): the round after i rejections accepts t with
+        # Corrected Alg 14 (docs/algorithms.md section 3.4): the round after i rejections accepts t with
         # a_i(t) = min(1, P_i(t)/q(t)). The seed indexes P_{i-1} here (off by one).
         q, chain = plan.draft_probs, plan.extras["chain"]
         memo: dict[tuple[int, tuple[int, ...]], Vector] = {}
@@ -390,7 +390,7 @@ class SpecInferSolver(Solver):
         q, chain = plan.draft_probs, plan.extras["chain"]
         one = _one(q)
         miss: Any = one
-        for i in range(plan.k):  # Alg 9's residual term is identically 0 (ALGORITHMS.md 3.4)
+        for i in range(plan.k):  # Alg 9's residual term is identically 0 (docs/algorithms.md section 3.4)
             miss = miss * (one - np.minimum(chain[i], q).sum())
         return one - miss  # type: ignore[no-any-return]
 
@@ -404,7 +404,7 @@ class KhistiRound:
 
     ``rank[y]`` is token y's rank (key ``p - q1*q2`` descending, ties by smaller id); ``keep [s, s]`` holds
     w[i, j] = P(select the token of smaller rank | X1 has rank i, X2 has rank j), or is ``None`` for the
-    LP-failure fallback "always keep X1" (ALGORITHMS.md 3.5). ``law [V]`` is the exact winner law r_t.
+    LP-failure fallback "always keep X1" (docs/algorithms.md section 3.5). ``law [V]`` is the exact winner law r_t.
     """
 
     rank: tuple[int, ...]
@@ -426,7 +426,7 @@ class KhistiRound:
 def _khisti_induced_law(
     q1: Vector, q2: Vector, order: list[int], rank: list[int], s: int, keep: Vector
 ) -> Vector:
-    """The exact winner law r of one pair round given w (``keep``), in the mode of q1 (ALGORITHMS.md 3.5)."""
+    """The exact winner law r of one pair round given w (``keep``), in the mode of q1 (docs/algorithms.md section 3.5)."""
     vocab = q1.shape[0]
     law = zeros_like_mode(q1)
     tail1 = zeros_like_mode(q1)  # mass of ranks strictly below (larger rank than) y
@@ -459,7 +459,7 @@ def _khisti_induced_law(
 
 
 def _khisti_pair_round(target: Vector, q1: Vector, q2: Vector, truncation: int) -> KhistiRound:
-    """KHISTI_PAIR_LP of ALGORITHMS.md 3.5: maximise sum_{Omega_1} min(p, r) over w with HiGHS."""
+    """KHISTI_PAIR_LP of docs/algorithms.md section 3.5: maximise sum_{Omega_1} min(p, r) over w with HiGHS."""
     vocab = target.shape[0]
     s = min(truncation, vocab)
     key = target - q1 * q2
@@ -497,7 +497,7 @@ def _khisti_pair_round(target: Vector, q1: Vector, q2: Vector, truncation: int) 
     bounds = [(0.0, 1.0)] * n_w + [(0.0, float(min(1.0, p_f[order[i]]))) for i in range(s)]
     result = linprog(cost, A_ub=a_ub, b_ub=const, bounds=bounds, method="highs")
     if result.status != 0 or result.x is None:
-        # Consistent LP-failure fallback (ALGORITHMS.md 3.5): always keep X1, so r = q1 exactly.
+        # Consistent LP-failure fallback (docs/algorithms.md section 3.5): always keep X1, so r = q1 exactly.
         # (The seed authors' w = 0.5 fallback is inconsistent with its own induced law.)
         return KhistiRound(tuple(rank), s, None, q1.copy())
     w_float = np.zeros((s, s))
@@ -512,7 +512,7 @@ def _khisti_pair_round(target: Vector, q1: Vector, q2: Vector, truncation: int) 
 
 
 class KhistiSolver(Solver):
-    """Khisti et al.: pairwise truncated-LP importance selection + single-draft SpS (ALGORITHMS.md 3.5).
+    """Khisti et al.: pairwise truncated-LP importance selection + single-draft SpS (docs/algorithms.md section 3.5).
 
     ``truncation`` is the LP's alphabet truncation s (the seed authors' implementation uses 5). The
     champion after round t has the exact law ``rounds[t].law``; the final test is single-draft
@@ -587,7 +587,7 @@ class KhistiSolver(Solver):
         return acceptance_by_enumeration(self, plan)
 
     def acceptance_lower_bound(self, target_probs: Any, draft_probs: Any, k: int) -> Scalar:
-        """seeds/002 Alg 10: ``sum min(p, r_k)`` = P(Y = champion) <= the exact acceptance rate."""
+        """seed 002 Alg 10: ``sum min(p, r_k)`` = P(Y = champion) <= the exact acceptance rate."""
         target, draft = probability_pair(target_probs, draft_probs)
         plan = self._plan(target, draft, draft_count(k))
         if plan.k == 0:
@@ -595,7 +595,7 @@ class KhistiSolver(Solver):
         return np.minimum(target, plan.extras["champion_law"]).sum()  # type: ignore[no-any-return]
 
 
-#: The five solvers under their registry names (seeds/002 appendix B).
+#: The five solvers under their registry names (seed 002 appendix B).
 SOLVERS: Mapping[str, Solver] = MappingProxyType(
     {
         "nss": NSSSolver(),

@@ -1,16 +1,16 @@
-"""Tensorisation of a draft tree for one verifier pass (seeds/001 sections 4.1-4.4).
+"""Tensorisation of a draft tree for one verifier pass (seed 001 (docs/papers.md) sections 4.1-4.4).
 
 One packed sequence of the N tree nodes (node 0 is the root: in the dual-draft seeds the root token
 s_{t+1}; in :class:`~spec_ref.tree.DraftTree` terms the context whose next token is being decided):
 
 * node order: the tree's own order, which lists ancestors first (``parents[i] < i``);
 * ``parents [N]``: parent pointers (root: -1);
-* ``positions [N]``: depth positions ``pos(0) = 0``, ``pos(i) = pos(parent(i)) + 1`` (seeds/001 4.3; the
+* ``positions [N]``: depth positions ``pos(0) = 0``, ``pos(i) = pos(parent(i)) + 1`` (seed 001 4.3; the
   verifier adds the prefix length t to get absolute positions);
 * ``attention_mask [N, N]`` (bool): ``mask[i, j] = j in Anc(i)``, the ancestor-or-self set
-  ``{i, parent(i), parent(parent(i)), ..., 0}`` (seeds/001 4.2);
+  ``{i, parent(i), parent(parent(i)), ..., 0}`` (seed 001 4.2);
 * ``path_matrix [P, D]`` (int64): one row per leaf (leaves in increasing node index), the node indices of
-  the root-to-leaf path starting with 0, padded with -1; ``D = max depth + 1`` (seeds/001 4.4).
+  the root-to-leaf path starting with 0, padded with -1; ``D = max depth + 1`` (seed 001 4.4).
 
 All arrays are read-only NumPy arrays.
 

@@ -1,4 +1,4 @@
-"""The draft-tree type shared by drafting, tensorisation and every verifier (ALGORITHMS.md section 1).
+"""The draft-tree type shared by drafting, tensorisation and every verifier (docs/algorithms.md section 1).
 
 A :class:`DraftTree` is flattened in *ancestors-first* order: node 0 is the root r (the context whose next
 token is being decided; its token is ``-1``), and ``parents[i] < i`` for every other node. Node ``i`` is the
@@ -13,8 +13,8 @@ At each node u:
   draws, or on a deterministic tree where q_u is a point mass at each drafted token).
 * ``process`` says how the draws were made: ``"iid"`` (i.i.d. from q_u, the default), ``"deterministic"``
   (argmax/top-k expansion: q_u is a point mass at each drafted token, sibling tokens are distinct, and the
-  only lossless sampling verifier is NSS, ALGORITHMS.md section 2) or ``"without_replacement"`` (distinct
-  siblings sampled successively without replacement: lossy under any i.i.d. verifier, TESTING.md 0.8;
+  only lossless sampling verifier is NSS, docs/algorithms.md section 2) or ``"without_replacement"`` (distinct
+  siblings sampled successively without replacement: lossy under any i.i.d. verifier, docs/testing.md section 0 (item 8);
   verifiers must refuse it unless they are built for it).
 
 Target and draft distributions are given by *models*: functions ``prefix (tuple of token ids after the
@@ -154,7 +154,7 @@ class DraftTree:
         paths: Sequence[Sequence[int]],
         draft_model: Model,
     ) -> DraftTree:
-        """Build the merged tree of K sampled paths (draw order = path index order, ALGORITHMS.md 1).
+        """Build the merged tree of K sampled paths (draw order = path index order, docs/algorithms.md section 1).
 
         Nodes are numbered in DFS pre-order with children in first-appearance order, so ancestors come
         first. ``draft_probs[u] = draft_model(prefix(u))`` for every node with draws.

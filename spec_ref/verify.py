@@ -1,10 +1,10 @@
-"""Every tree/path verifier of seeds/002 (plus greedy and DynaTree) on a :class:`DraftTree`.
+"""Every tree/path verifier of seed 002 (docs/papers.md) (plus greedy and DynaTree) on a :class:`DraftTree`.
 
 ``verify(tree, target_model, method, rng, **options) -> VerifyResult``. ``target_model`` maps a prefix (the
 drafted tokens after the root) to the processed target distribution ``G(target) [V]`` at that node; the tree
-carries the draft distribution q_u of every node that has draws (ALGORITHMS.md section 1).
+carries the draft distribution q_u of every node that has draws (docs/algorithms.md section 1).
 
-Methods (ALGORITHMS.md sections 4, 5, 6, 8):
+Methods (docs/algorithms.md sections 4, 5, 6, 8):
 
 ============  ==========================================================================================
 method        algorithm
@@ -21,11 +21,11 @@ tree_mc       Hu & Huang tree verification, official-code form (5.3) on path 0: 
 traversal     Traversal verification (section 6), true post-order in draw order; option ``sibling_model`` in
               {"wor" (default), "wr"}
 greedy        the general greedy rule (section 8): follow child(u, argmax p_u) while it exists
-dynatree      DynaTree SELECTCOMMIT (seeds/003 Algorithm 1, ALGORITHMS.md section 8)
+dynatree      DynaTree SELECTCOMMIT (seed 003 Algorithm 1, docs/algorithms.md section 8)
 ============  ==========================================================================================
 
 *Path 0* is the chain obtained by following the first draw ``draws[u][0]`` from the root: on a tree built
-from K paths in path-index draw order it is exactly the first path (ALGORITHMS.md 5: single-path methods use
+from K paths in path-index draw order it is exactly the first path (docs/algorithms.md section 5: single-path methods use
 path 0 and ignore the other paths).
 
 Randomness layout (what ``spec_fast`` replays draw for draw). All draws go through the protocol of
@@ -58,8 +58,8 @@ left to right; with a sequential source every ``S(u)`` is the same stream, consu
 * greedy, dynatree: no randomness (``rng`` may be None).
 
 Refused combinations (``ValueError``): any method but nss/greedy/dynatree on a ``process="deterministic"``
-tree (softmax q with deterministic drafts is lossy, ALGORITHMS.md 2, TESTING.md 0.8); any i.i.d. verifier
-on a ``process="without_replacement"`` tree (TESTING.md 0.8). Traversal with ``sibling_model="wor"`` is
+tree (softmax q with deterministic drafts is lossy, docs/algorithms.md section 2, docs/testing.md section 0 (item 8)); any i.i.d. verifier
+on a ``process="without_replacement"`` tree (docs/testing.md section 0 (item 8)). Traversal with ``sibling_model="wor"`` is
 allowed there: its rounds *are* successive sampling without replacement (section 6.3, 6.5; checked by
 exact enumeration in ``tests/ref/test_verify_exact.py``), as are nss, greedy and dynatree.
 
@@ -102,7 +102,7 @@ __all__ = [
     "greedy_argmax",
 ]
 
-#: Methods driven by the top-down OT driver (ALGORITHMS.md 4), by solver name.
+#: Methods driven by the top-down OT driver (docs/algorithms.md section 4), by solver name.
 OT_METHODS = ("naive_tree", "nss", "spectr", "specinfer", "khisti")
 #: Single-path methods: they verify path 0 only.
 PATH_METHODS = ("naive", "bv", "tree_mc")
@@ -124,7 +124,7 @@ _OPTIONS: Mapping[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """One verification step's output (ALGORITHMS.md 1, "Output of one verification step").
+    """One verification step's output (docs/algorithms.md section 1, "Output of one verification step").
 
     ``tokens``: the emitted block, the drafted tokens of the accepted node u* after the root followed by the
     extra (correction or bonus) token; ``accepted_node``: u*'s flattened index; ``accepted_depth``: tau =
@@ -268,7 +268,7 @@ def check_method(tree: DraftTree, method: Any, options: Mapping[str, Any]) -> st
     if tree.process == "deterministic" and method not in _DETERMINISTIC_OK:
         raise ValueError(
             f"method={method!r} on a process='deterministic' tree is lossy: deterministic (top-k/argmax) drafts "
-            f"are not samples from their softmax q (ALGORITHMS.md 2); use one of {_DETERMINISTIC_OK}"
+            f"are not samples from their softmax q (docs/algorithms.md section 2); use one of {_DETERMINISTIC_OK}"
         )
     sibling_model = options.get("sibling_model", "wor")
     if method == "traversal" and sibling_model not in ("wor", "wr"):
@@ -279,7 +279,7 @@ def check_method(tree: DraftTree, method: Any, options: Mapping[str, Any]) -> st
             raise ValueError(
                 f"method={method!r}"
                 + (f" with sibling_model={sibling_model!r}" if method == "traversal" else "")
-                + " assumes i.i.d. draws but the tree has process='without_replacement' (lossy, TESTING.md 0.8); "
+                + " assumes i.i.d. draws but the tree has process='without_replacement' (lossy, docs/testing.md section 0 (item 8)); "
                 "use traversal with sibling_model='wor', nss, greedy or dynatree"
             )
     return str(method)
@@ -345,7 +345,7 @@ def _ot_verify(tree: DraftTree, probs: TreeProbabilities, solver: Solver, rng: R
         child = tree.child(u, token)
         if child is None:
             return u, token  # the correction token
-        u = child  # accepted or residual-sampled: either way the child is reached (ALGORITHMS.md 4)
+        u = child  # accepted or residual-sampled: either way the child is reached (docs/algorithms.md section 4)
 
 
 # ========================================================================================================
@@ -389,7 +389,7 @@ def _naive_path(tree: DraftTree, probs: TreeProbabilities, rng: RandomSource) ->
 def bv_acceptances(tree: DraftTree, probs: TreeProbabilities) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Block verification's prefix weights ``(w_0..w_L)`` and node acceptances ``(h_1..h_L)`` on path 0.
 
-    ALGORITHMS.md 5.2: ``w_i = min(1, w_{i-1} p_{i-1}(x_i)/q_{i-1}(x_i))``; for i < L, ``h_i = Z_i/D_i`` with
+    docs/algorithms.md section 5.2: ``w_i = min(1, w_{i-1} p_{i-1}(x_i)/q_{i-1}(x_i))``; for i < L, ``h_i = Z_i/D_i`` with
     ``Z_i = sum (w_i p_i - q_i)_+``, ``D_i = Z_i + (1 - w_i)`` (1 if D_i = 0); ``h_L = w_L``. The tuples
     are indexed so that ``h[i - 1]`` is h_i.
     """
@@ -562,7 +562,7 @@ def _greedy(tree: DraftTree, probs: TreeProbabilities) -> tuple[int, int]:
 
 
 def _dynatree(tree: DraftTree, probs: TreeProbabilities) -> tuple[int, int]:
-    # SELECTCOMMIT (seeds/003 Algorithm 1): first = argmax s_last; the longest path whose root token is
+    # SELECTCOMMIT (seed 003 Algorithm 1): first = argmax s_last; the longest path whose root token is
     # ``first`` and whose every edge u -> v has token(v) = yhat[pos(u)]; then the bonus yhat[pos(last)].
     # The tree's depth-1 nodes are DynaTree's candidate root tokens (u_0). Children are merged by token, so
     # the greedy-consistent path is unique and the "longest" search is a walk.

@@ -1,4 +1,4 @@
-"""Shared pytest configuration: Hypothesis profiles (TESTING.md section 5).
+"""Shared pytest configuration: Hypothesis profiles (docs/testing.md section 5).
 
 * ``ci``   — loaded when ``CI=true``: derandomized (examples fixed by a hash of the test), no example
   database, no deadline, ``print_blob=True``;

@@ -1,7 +1,7 @@
 """Context-dependent probability tables shared by the tree tests and the proofs runner.
 
 A table maps every prefix (tuple of token ids after the root) of length <= depth to a pmf [vocab] of exact
-Fractions, drawn independently per prefix so that p(.|a) != p(.|b) and depth d != d+1 (TESTING.md 5).
+Fractions, drawn independently per prefix so that p(.|a) != p(.|b) and depth d != d+1 (docs/testing.md section 5).
 """
 
 from __future__ import annotations

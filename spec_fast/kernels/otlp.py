@@ -1,4 +1,4 @@
-"""The five token-level OTLP solvers of ALGORITHMS.md 3, batched over ``B`` rows, equal to spec_ref.solvers.
+"""The five token-level OTLP solvers of docs/algorithms.md section 3, batched over ``B`` rows, equal to spec_ref.solvers.
 
 Every function takes ``target_probs [B, V]`` (p) and ``draft_probs [B, V]`` (q) float32 tensors; draws are
 ``draft_tokens [B, K]`` long in draw order, ``-1`` padded (row b has ``k_b`` = its number of non-negative
@@ -9,7 +9,7 @@ entries, which must come first). Solver names and options are those of ``spec_re
 * :func:`solver_sample` -> ``[B]`` tokens from ``uniforms [B, M]`` consumed in the budget of
   ``spec_ref/solvers.py`` (identical to one node of :func:`spec_fast.verify_tree`);
 * :func:`solver_branching` -> ``[B, V]`` float64: the exact law of the output given the draws
-  (ALGORITHMS.md 3, with the corrected Alg 14 for SpecInfer and the tournament DP for Khisti);
+  (docs/algorithms.md section 3, with the corrected Alg 14 for SpecInfer and the tournament DP for Khisti);
 * :func:`solver_acceptance` -> ``[B]`` float64: ``P(Y in {X_1..X_k})`` with ``k`` i.i.d. draws from q
   (closed forms; Khisti by enumerating the ``V**k`` draft tuples, as the reference does).
 
@@ -182,7 +182,7 @@ def solver_branching(
 
 
 def _specinfer_branching(p64: Tensor, q64: Tensor, tokens: Tensor, count: Tensor, order: str) -> Tensor:
-    """Corrected Alg 14 (ALGORITHMS.md 3.4) as a DP over the bitmask of remaining draw positions."""
+    """Corrected Alg 14 (docs/algorithms.md section 3.4) as a DP over the bitmask of remaining draw positions."""
     batch, k_max = tokens.shape
     if k_max > 12:
         raise ValueError(f"specinfer branching enumerates 2**K masks; K={k_max} > 12 is too many")

@@ -64,7 +64,7 @@ def test_subset_head_scores_the_subset_exactly_like_the_lm_head_and_nothing_else
 
 def test_rnn_head_drafts_from_the_verifiers_true_feature_of_the_previous_token(target: Any) -> None:
     """With chain:1 every step's draft token is the head's argmax at the root, which must read the target's
-    feature of the token before the root (seeds/000 section 7), whatever was accepted before."""
+    feature of the token before the root (seed 000 (docs/papers.md) section 7), whatever was accepted before."""
     head = _head(target, "rnn")
     decoder = SpeculativeDecoder(target, HeadDrafter(head), parse_strategy("chain:1"))
     prompt = PROMPTS[0]

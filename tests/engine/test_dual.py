@@ -1,4 +1,4 @@
-"""Dual drafting (seeds/000 routing, seeds/001 merged tree): greedy losslessness in the engine, and the
+"""Dual drafting (seed 000 (docs/papers.md) routing, seed 001 merged tree): greedy losslessness in the engine, and the
 engine's recorded steps cross-checked against :mod:`spec_ref.dual` (merged tree, mask, positions, path
 matrix; route choice; greedy commit). Tiny random models; SmolLM2 behind ``model``."""
 
@@ -239,7 +239,7 @@ def test_cli_dual_needs_two_drafts_and_a_mode(argv: list[str], capsys: pytest.Ca
 @pytest.mark.parametrize("mode,temperature", [("merge", 0.0), ("route", 0.0), ("merge", 0.9), ("route", 0.9)])
 def test_both_heads_caches_follow_the_committed_text_whichever_head_won(mode: str, temperature: float) -> None:
     """After generation each model head's cache equals a fresh prefill of the committed text it has seen
-    (all but its pending tokens), and its pending tokens end at the last committed token (seeds/000 7)."""
+    (all but its pending tokens), and its pending tokens end at the last committed token (seed 000 7)."""
     from spec_fast.decoding import SamplingParams
     from tests.engine.test_tree_attention_and_cache import _assert_cache_equal, _fresh_cache
 

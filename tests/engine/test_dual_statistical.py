@@ -5,7 +5,7 @@ the joint law of the first two tokens of ``DualDrafter(early-exit, retrieval)`` 
 union tree) and ``route`` (NSS on the winner's tree) mode, per-head chain:2 and topk:2,2,4, against the
 exact AR law. Pearson chi2 with pooled cells (tests/stats.py), alpha = 1e-6 per configuration, N = 4096.
 
-Negative control (lossy by design, ALGORITHMS.md section 8): verify the merged chain:1 tree twice with
+Negative control (lossy by design, docs/algorithms.md section 8): verify the merged chain:1 tree twice with
 independent uniforms and keep the run that accepted more (best of two sampled paths). Its first-token law
 is exact: with C the root's children and S = p(C), ``P(y) = p(y)(2 - S)`` for y in C and ``p(y)(1 - S)``
 otherwise; the test checks that N * chi2(mutant || target) clears the noncentrality for power 0.99 at

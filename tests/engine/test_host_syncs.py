@@ -5,7 +5,7 @@ Budget per step (chain draft, one model drafter): one read-back of the step's sm
 (accepted path, next tokens, entries) and one size read per KV-cache commit (target and draft) = 3. A
 top-k tree adds two reads per drafted level (the frontier's ranked tokens); a dual draft doubles the
 drafting and commit reads. On CPU these are cheap; on an accelerator they are the points where the host
-waits, so the test pins them (TESTING.md: measured, not timed)."""
+waits, so the test pins them (docs/testing.md: measured, not timed)."""
 
 from __future__ import annotations
 

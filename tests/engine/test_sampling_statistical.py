@@ -111,7 +111,7 @@ def test_the_chi2_test_rejects_a_verifier_fed_the_wrong_draft_distribution() -> 
     target_first = _next_probs(TARGET, PROMPT)
     draft_first = _next_probs(DRAFTER.model, PROMPT)
     wrong = np.full(VOCAB, 1.0 / VOCAB)
-    # exact first-token law of naive verification (ALGORITHMS.md 3.2) with x ~ draft_first but tested against `wrong`
+    # exact first-token law of naive verification (docs/algorithms.md section 3.2) with x ~ draft_first but tested against `wrong`
     accept = np.minimum(1.0, target_first / wrong)
     residual = np.maximum(target_first - wrong, 0.0)
     residual = residual / residual.sum()

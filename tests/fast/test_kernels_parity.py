@@ -1,4 +1,4 @@
-"""Layer C (TESTING.md 4.3): every spec_fast verifier equals spec_ref draw for draw with replayed uniforms.
+"""Layer C (docs/testing.md section 4.3): every spec_fast verifier equals spec_ref draw for draw with replayed uniforms.
 
 For each method the same ``[B, N, M]`` uniforms drive ``spec_fast.verify_tree`` and, row by row,
 ``spec_ref.verify(tree, target_model, method, NodeReplaySource(uniforms[b]))``. Probabilities are dyadic
@@ -245,7 +245,7 @@ def test_two_level_inverse_cdf_equals_the_reference_rule_and_never_returns_a_zer
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(("method", "options"), CONFIGS, ids=IDS)
 def test_cuda_device_path_equals_the_cpu_path_row_for_row(method: str, options: dict[str, Any]) -> None:
-    """TESTING.md C2: the fixed-bound masked (device) path on CUDA returns the CPU tokens."""
+    """docs/testing.md section 4.3 (C2): the fixed-bound masked (device) path on CUDA returns the CPU tokens."""
     batch = random_batch(np.random.default_rng(21), 32, 6, 3, 3, "dirichlet", 0.2)
     target, draft = batch.tensors()
     m = uniforms_per_node(method, batch.flat.max_draws, **options)

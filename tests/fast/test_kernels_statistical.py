@@ -1,4 +1,4 @@
-"""Layer D (TESTING.md 4.4) for spec_fast: the torch Generator path of ``verify_tree`` has the exact law.
+"""Layer D (docs/testing.md section 4.4) for spec_fast: the torch Generator path of ``verify_tree`` has the exact law.
 
 One fixed draft tree (V = 3, two i.i.d. paths of length 2, context-dependent tables) is replicated over
 N = 2**18 rows and verified in one call with ``draw_uniforms(method, tree, generator)`` (``torch.rand``).
@@ -11,7 +11,7 @@ The expected law of the emitted block given this tree is computed exactly by ``s
 * D3 the same for the law of tau.
 
 Negative control (defined only here): the *parent-row mutant*, which hands every node the target row of its
-parent (an off-by-one gather, TESTING.md section 7). Its exact law comes from ``spec_ref.exact_law`` on the
+parent (an off-by-one gather, docs/testing.md section 7). Its exact law comes from ``spec_ref.exact_law`` on the
 shifted target model; the test asserts N * chi2(mutant || expected) >= required_noncentrality(df) and that
 the same chi-square test rejects the mutant's samples.
 """

@@ -9,7 +9,7 @@ from spec_ref.solvers import SolverPlan
 
 
 class NaiveResampleFromTarget(type(SOLVERS["naive"])):  # type: ignore[misc]
-    """On rejection resample from p instead of Res(p, q) (TESTING.md section 7, first row)."""
+    """On rejection resample from p instead of Res(p, q) (docs/testing.md section 7, first row)."""
 
     def _sample(self, plan: SolverPlan, tokens: tuple[int, ...], rng: Any) -> int:
         first = tokens[0]

@@ -1,4 +1,4 @@
-"""The decoding operator G (ALGORITHMS.md section 2; proofs/T08_decoding_operator.md)."""
+"""The decoding operator G (docs/algorithms.md section 2; proofs/T08_decoding_operator.md)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_kept_set_matches_hugging_face_logits_warpers_up_to_probability_ties(
     sorted_probs = np.sort(ours)[::-1]
     cumulative = np.cumsum(sorted_probs)
     if np.any(np.abs(cumulative - top_p) < 1e-9) or np.any(np.abs(1 - cumulative - (1 - top_p)) < 1e-9):
-        return  # the two top-p conventions may differ exactly at the boundary (ALGORITHMS.md 2)
+        return  # the two top-p conventions may differ exactly at the boundary (docs/algorithms.md section 2)
     # Distinct logits can still give equal float64 probabilities; a top-p cut through such a tie keeps the
     # lowest ids here (the documented rule) and the highest logits in HF. Both keep the same multiset of
     # probabilities, and every token kept by one rule only ties in probability with one kept by the other.

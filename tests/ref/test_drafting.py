@@ -1,4 +1,4 @@
-"""Drafting: delayed / i.i.d. trees (seeds/002 Def. 5.2) and budgeted top-k trees (seeds/000 section 3).
+"""Drafting: delayed / i.i.d. trees (seed 002 (docs/papers.md) Def. 5.2) and budgeted top-k trees (seed 000 section 3).
 
 Exact: the delayed tree's draw structure on every tree in its support, and its exact law under
 ``exact_law`` (each tree's probability is the product of q over its draws); the top-k tree's budget

@@ -2,8 +2,8 @@
 
 The exact law (``exact_law``, tests/ref/test_drafting.py) proves the algorithm; this test checks that the
 Generator path draws from that law. Pearson chi-square over tree shapes, cells pooled to expected >= 20,
-alpha = 1e-6 per assertion, power 0.99 against the negative control (TESTING.md section 4.4): a mutant that
-drafts each branch token from its *parent's* row (the off-by-one row bug of TESTING.md section 7). The test
+alpha = 1e-6 per assertion, power 0.99 against the negative control (docs/testing.md section 4.4): a mutant that
+drafts each branch token from its *parent's* row (the off-by-one row bug of docs/testing.md section 7). The test
 asserts that the mutant is rejected and that N * chi2(mutant || expected) >= the noncentrality needed.
 """
 

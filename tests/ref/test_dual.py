@@ -1,5 +1,5 @@
-"""Dual draft: merge of seeds/001 (remap phi, block mask, positions, path matrix, greedy DFS) and routing
-of seeds/000 (mean confidence, tie rule, refusal of sampled drafts, tau accounting). All exact."""
+"""Dual draft: merge of seed 001 (docs/papers.md) (remap phi, block mask, positions, path matrix, greedy DFS) and routing
+of seed 000 (mean confidence, tie rule, refusal of sampled drafts, tau accounting). All exact."""
 
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ def test_tau_counts_the_root_token_plus_the_accepted_tokens() -> None:
 
 
 def test_nss_on_the_token_merged_union_is_exactly_lossless() -> None:
-    # ALGORITHMS.md section 8: sampling on merged dual-draft trees is NSS on the deterministic union, one
+    # docs/algorithms.md section 8: sampling on merged dual-draft trees is NSS on the deterministic union, one
     # target draw per visited node shared by all paths. Emitted block extended with target samples to a
     # fixed length must have exactly the autoregressive law of the (context-dependent) target.
     union = merge_trees(HEAD1, HEAD2).union_tree()

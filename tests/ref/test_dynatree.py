@@ -1,4 +1,4 @@
-"""DynaTree drafting rules (seeds/003 section 3.3, Algorithm 1) on hand-made draft tables, exactly:
+"""DynaTree drafting rules (seed 003 (docs/papers.md) section 3.3, Algorithm 1) on hand-made draft tables, exactly:
 branching by confidence, depth gating (D_0, D_max, rho_stop, rho_deep), pruning, node budget, and the
 history adjustment schedule written down in spec_ref/dynatree.py."""
 

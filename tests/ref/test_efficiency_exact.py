@@ -1,4 +1,4 @@
-"""Expected block efficiency (seeds/002 eq. 1-3; ALGORITHMS.md 4, 5.1, 5.2), checked exactly.
+"""Expected block efficiency (seed 002 (docs/papers.md) eq. 1-3; docs/algorithms.md section 4, 5.1, 5.2), checked exactly.
 
 * eq. 3 (sum over nodes of products of branching probabilities, root included) equals E[tau + 1 | tree]
   obtained by enumerating every random branch of the real verifier, for every OT method;

@@ -1,4 +1,4 @@
-"""NDE selector math (seeds/002 eq. 4, 5, 8, 9, 11, 12) against hand-computed values (exact where possible)."""
+"""NDE selector math (seed 002 (docs/papers.md) eq. 4, 5, 8, 9, 11, 12) against hand-computed values (exact where possible)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact laws of the five OTLP solvers by enumeration (TESTING.md layer A1-A4; proofs/T01, T02).
+"""Exact laws of the five OTLP solvers by enumeration (docs/testing.md section 4.1, layer A1-A4; proofs/T01, T02).
 
 One joint enumeration per example covers the drafts (sampled from q inside the enumerated function, never
 chosen by Hypothesis) and every internal branch of the solver, in exact Fraction arithmetic. From the joint
@@ -76,7 +76,7 @@ def test_solver_is_exact_on_a_larger_case_with_four_draws(solver: Solver) -> Non
 
 
 def test_khisti_exact_acceptance_is_at_least_its_lower_bound_and_reaches_the_two_draft_optimum() -> None:
-    # For K = 2 and truncation s >= V the pair LP reaches min_S [p(S) + 1 - q(S)^2] (ALGORITHMS.md 3.5).
+    # For K = 2 and truncation s >= V the pair LP reaches min_S [p(S) + 1 - q(S)^2] (docs/algorithms.md section 3.5).
     target = [F(1, 2), F(1, 4), F(1, 8), F(1, 8)]
     draft = [F(1, 8), F(1, 8), F(1, 4), F(1, 2)]
     solver = KhistiSolver(truncation=4)
@@ -106,7 +106,7 @@ def test_spectr_specinfer_and_khisti_with_one_draft_equal_naive_in_law(pair: tup
 # Negative controls: known-bad variants, defined only here, must fail the same exact checks.
 # ---------------------------------------------------------------------------------------------------------
 class SpecTrLowerBracket(type(SOLVERS["spectr"])):  # type: ignore[misc]
-    """SpecTr with rho from the LOWER bisection bracket (ALGORITHMS.md 3.3: lossy)."""
+    """SpecTr with rho from the LOWER bisection bracket (docs/algorithms.md section 3.3: lossy)."""
 
     def _plan(self, target: Any, draft: Any, k: int) -> SolverPlan:
         plan = super()._plan(target, draft, k)
@@ -142,7 +142,7 @@ def test_exact_check_rejects_known_lossy_variants(mutant: Solver) -> None:
 
 
 def test_literal_seed_algorithm_14_differs_from_the_true_specinfer_branching() -> None:
-    """Alg 14 as printed uses a_i with P_{i-1} in the state with i rejections (ALGORITHMS.md 3.4)."""
+    """Alg 14 as printed uses a_i with P_{i-1} in the state with i rejections (docs/algorithms.md section 3.4)."""
     solver = SOLVERS["specinfer"]
     plan = solver.plan(CONTROL_TARGET, CONTROL_DRAFT, 2)
     chain = plan.extras["chain"]

@@ -1,6 +1,6 @@
 """Monte Carlo on the production numpy-Generator path of the five solvers (``pytest -m statistical``).
 
-TESTING.md section 4.4. A fixed grid (not Hypothesis) of (solver, vocabulary size V, draws k, decoding
+docs/testing.md section 4.4. A fixed grid (not Hypothesis) of (solver, vocabulary size V, draws k, decoding
 settings of G: temperature / top-k / top-p); each configuration is seeded with ``zlib.crc32(name)``.
 Per configuration, N = 2^16 independent runs:
 
@@ -41,7 +41,7 @@ class NSSReturnsFirstDraft(type(SOLVERS["nss"])):  # type: ignore[misc]
 
 
 class SpecTrWithoutDivisionFactor(type(SOLVERS["spectr"])):  # type: ignore[misc]
-    """rho = 1 ("forgot the division factor"): TV 0.05-0.25 (TESTING.md section 7)."""
+    """rho = 1 ("forgot the division factor"): TV 0.05-0.25 (docs/testing.md section 7)."""
 
     def _plan(self, target: Any, draft: Any, k: int) -> SolverPlan:
         capped = np.minimum(target, draft)

@@ -1,4 +1,4 @@
-"""Tensorisation for one verifier pass (seeds/001 sections 4.1-4.4): exact structural properties."""
+"""Tensorisation for one verifier pass (seed 001 (docs/papers.md) sections 4.1-4.4): exact structural properties."""
 
 from __future__ import annotations
 

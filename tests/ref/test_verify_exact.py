@@ -1,4 +1,4 @@
-"""Exact laws of every tree/path verifier by enumeration (TESTING.md layer A5; ALGORITHMS.md 4-8).
+"""Exact laws of every tree/path verifier by enumeration (docs/testing.md section 4.1, layer A5; docs/algorithms.md section 4-8).
 
 The drafts are sampled from q *inside* the enumerated function (Hypothesis never picks draft tokens in a
 losslessness test), then the verifier runs, then the emitted block is extended with target samples to the
@@ -309,7 +309,7 @@ def test_naive_and_naive_tree_consume_the_same_node_uniforms_on_a_chain(seed: in
     assert (naive.tokens, naive.accepted_node) == (ot.tokens, ot.accepted_node)
 
 
-# ----- Traversal negative controls (ALGORITHMS.md 6.3, 6.4): test-only mutants --------------------------------
+# ----- Traversal negative controls (docs/algorithms.md section 6.3, 6.4): test-only mutants --------------------------------
 def sorted_by_token(tree: DraftTree) -> DraftTree:
     """Mutant input: siblings visited in token-id order instead of draw order."""
     return DraftTree(tree.tokens, tree.parents, tuple(tuple(sorted(d)) for d in tree.draws), tree.draft_probs)

@@ -1,4 +1,4 @@
-"""Greedy and DynaTree verification (ALGORITHMS.md 8) and the input contract of ``spec_ref.verify``."""
+"""Greedy and DynaTree verification (docs/algorithms.md section 8) and the input contract of ``spec_ref.verify``."""
 
 from __future__ import annotations
 

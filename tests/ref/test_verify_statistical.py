@@ -1,4 +1,4 @@
-"""Monte Carlo tests of the tree verifiers on the production RNG path (TESTING.md layer D, section 4.4).
+"""Monte Carlo tests of the tree verifiers on the production RNG path (docs/testing.md layer D, section 4.4).
 
 Each configuration drafts K i.i.d. paths of length L and verifies them with a ``numpy.random.Generator``
 (through :class:`spec_ref.GeneratorSource`), extends the emitted block with target samples to length L + 1
