@@ -186,10 +186,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        "block_src = torch.gather(keep, 1, offset.clamp(0, keep.shape[1] - 1))",
        "block_src = torch.gather(keep, 1, (offset + 1).clamp(0, keep.shape[1] - 1))",
        ("tests/engine/test_tree_attention_and_cache.py",), "commit gathers the next block entry's KV"),
-    _m("engine-dynatree-ties-to-highest-id", "spec_fast/engine.py",
-       "            top_vals, top_ids = _topk_lowest_id(q, min(bmax, q.shape[-1]))",
-       "            top_vals, top_ids = torch.topk(q.flip(-1), min(bmax, q.shape[-1]), dim=-1)\n"
-       "            top_ids = q.shape[-1] - 1 - top_ids",
+    _m("engine-dynatree-ties-to-highest-id", "spec_fast/drafting.py",
+       "        top_vals, top_ids = ranked_tokens(q, min(bmax, q.shape[-1]))",
+       "        top_vals, top_ids = torch.topk(q.flip(-1), min(bmax, q.shape[-1]), dim=-1)\n"
+       "        top_ids = q.shape[-1] - 1 - top_ids",
        ("tests/engine/test_drafting_decisions.py::test_dynatree_trees_with_ties_equal_the_reference_rule",),
        "DynaTree branching takes tied children highest id first", fast=True),
 )
