@@ -1,14 +1,15 @@
-"""Dual drafting on SmolLM2-135M-Instruct: merge and route for (rnn, retrieval) against each single draft
-at the same per-head shape and against AR, greedy, on held-out chat prompts, in one run.
+"""Dual drafting on SmolLM2-135M-Instruct: merge and route for the pairs (rnn, retrieval), (eagle, retrieval)
+and (rnn, eagle) against each single draft at the same per-head shape and against AR, greedy and
+T = 0.7 / top-p 0.9 (fixed seed), on held-out chat prompts and on input-grounded prompts, in one run.
 
-Configurations are interleaved prompt by prompt (slow phases of the shared machine hit all alike). Reports
-block efficiency (tokens per target pass), draft tokens accepted per head, route wins / accepted-path
-supplier counts, tokens/s and its ratio to our AR in the same run, host reads per step (Tensor.item /
-tolist / __bool__ ... counted during the run), and whether the output equals AR token for token.
-Writes ``bench/results/dual.{json,md,png}``.
+Configurations are interleaved prompt by prompt (slow phases of the shared machine hit all alike). Reports,
+per workload and sampling setting, block efficiency (tokens per target pass), draft tokens accepted per
+step from each head, route wins / accepted-path supplier counts, tokens/s and its ratio to our AR in the
+same run, host reads per step (Tensor.item / tolist / __bool__ ... counted during the run), and (greedy)
+whether the output equals AR token for token. Writes ``bench/results/dual.{json,md,png}``.
 
-    python bench/dual.py --quick      # 3 prompts x 24 new tokens (a few minutes on 2 CPU cores)
-    python bench/dual.py              # 6 prompts x 48 new tokens
+    python bench/dual.py --quick      # 2 prompts per workload x 16 new tokens (smoke run)
+    python bench/dual.py              # 4 prompts per workload x 32 new tokens
 """
 
 from __future__ import annotations
@@ -26,15 +27,20 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench._common import write_results  # noqa: E402
+from bench.defaults import INPUT_GROUNDED  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
+from spec_fast.drafters import Drafter  # noqa: E402
 from spec_fast.dual import DualDrafter  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
-from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
+from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS, TrainConfig, synthetic_prompts  # noqa: E402
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+SINGLES = ("rnn", "eagle", "retrieval")
+PAIRS = (("rnn", "retrieval"), ("eagle", "retrieval"), ("rnn", "eagle"))
+SAMPLINGS = {"greedy": SamplingParams(), "T=0.7,top-p=0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=0)}
 
 
 class _ReadCounter:
@@ -57,91 +63,165 @@ class _ReadCounter:
             setattr(torch.Tensor, name, original)
 
 
+def _check_not_in_datastore(prompts: list[str]) -> None:
+    """The retrieval datastore holds the target's responses to TRAIN_PROMPTS + synthetic_prompts (see
+    scripts/train_drafts.py); an evaluation prompt among them would flatter retrieval."""
+    def normal(text: str) -> str:
+        return " ".join(text.casefold().split())
+
+    config = TrainConfig()
+    trained = {normal(p) for p in TRAIN_PROMPTS + tuple(synthetic_prompts(config.synthetic_prompts, config.seed))}
+    leaked = [p[:40] for p in prompts if normal(p) in trained]
+    if leaked:
+        raise SystemExit(f"error: evaluation prompts in the retrieval datastore's training prompts: {leaked}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--strategy", default="chain:2", help="per-head shape (chain:L or topk:D,K,B)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per workload")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", default=None, help="semicolon-separated config names (plus ar) to run alone")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    prompts_n, new = (3, 24) if args.quick else (6, 48)
+    prompts_n, new = (2, 16) if args.quick else (4, 32)
+    prompts_n = args.prompts or prompts_n
+    new = args.max_new_tokens or new
+    workloads = {"chat": list(HELDOUT_PROMPTS[:prompts_n]), "input-grounded": list(INPUT_GROUNDED[:prompts_n])}
+    _check_not_in_datastore([p for texts in workloads.values() for p in texts])
     model, tokenizer = load_model(device=args.device)
-    rnn, retrieval = load_drafter("rnn", model), load_drafter("retrieval", model)
+    singles: dict[str, Drafter] = {name: load_drafter(name, model) for name in SINGLES}
     strategy = parse_strategy(args.strategy)
-    configs: dict[str, SpeculativeDecoder] = {
-        "ar": SpeculativeDecoder(model, None, parse_strategy("ar")),
-        "rnn": SpeculativeDecoder(model, rnn, strategy),
-        "retrieval": SpeculativeDecoder(model, retrieval, strategy),
-        "merge(rnn,retrieval)": SpeculativeDecoder(model, DualDrafter(rnn, retrieval, "merge"), strategy),
-        "route(rnn,retrieval)": SpeculativeDecoder(model, DualDrafter(rnn, retrieval, "route"), strategy),
-    }
-    totals: dict[str, dict[str, Any]] = {name: {"tokens": 0, "seconds": 0.0, "passes": 0, "reads": 0, "steps": 0,
-                                                "head_accepted": [0, 0], "head_selected": [0, 0], "identical": True}
-                                         for name in configs}
-    prompts = [chat_prompt_ids(tokenizer, text) for text in HELDOUT_PROMPTS[:prompts_n]]
-    sampling = SamplingParams()
-    for prompt in prompts:
-        reference: list[int] | None = None
-        for name, decoder in configs.items():
-            with _ReadCounter() as reads:
-                start = time.perf_counter()
-                result = decoder.generate([prompt], max_new_tokens=new, sampling=sampling,
-                                          eos_token_id=tokenizer.eos_token_id)
-                seconds = time.perf_counter() - start
-            row = totals[name]
-            if reference is None:
-                reference = result.tokens[0]
-            row["identical"] = row["identical"] and result.tokens[0] == reference
-            row["tokens"] += len(result.tokens[0])
-            row["seconds"] += seconds
-            row["passes"] += result.metrics.target_passes
-            row["reads"] += reads.count
-            row["steps"] += max(result.metrics.target_passes, 1)
-            for h in range(len(result.metrics.head_accepted_tokens)):
-                row["head_accepted"][h] += result.metrics.head_accepted_tokens[h]
-                row["head_selected"][h] += result.metrics.head_selected[h]
-    ar_rate = totals["ar"]["tokens"] / totals["ar"]["seconds"]
+    configs: dict[str, SpeculativeDecoder] = {"ar": SpeculativeDecoder(model, None, parse_strategy("ar"))}
+    for name, drafter in singles.items():
+        configs[name] = SpeculativeDecoder(model, drafter, strategy)
+    for mode in ("merge", "route"):
+        for first, second in PAIRS:
+            configs[f"{mode}({first},{second})"] = SpeculativeDecoder(
+                model, DualDrafter(singles[first], singles[second], mode), strategy)
+    if args.only:
+        keep = {"ar", *args.only.split(";")}
+        configs = {k: v for k, v in configs.items() if k in keep}
+    totals: dict[tuple[str, str, str], dict[str, Any]] = {}
+    encoded = {w: [chat_prompt_ids(tokenizer, t) for t in texts] for w, texts in workloads.items()}
+    start_all = time.perf_counter()
+    for workload, prompts in encoded.items():
+        for sampling_name, sampling in SAMPLINGS.items():
+            for index, prompt in enumerate(prompts):
+                reference: list[int] | None = None
+                for name, decoder in configs.items():
+                    key = (workload, sampling_name, name)
+                    row = totals.setdefault(key, {"tokens": 0, "seconds": 0.0, "passes": 0, "reads": 0,
+                                                  "accepted": 0, "head_accepted": [0, 0],
+                                                  "head_selected": [0, 0], "identical": True})
+                    with _ReadCounter() as reads:
+                        start = time.perf_counter()
+                        result = decoder.generate([prompt], max_new_tokens=new, sampling=sampling,
+                                                  eos_token_id=tokenizer.eos_token_id)
+                        seconds = time.perf_counter() - start
+                    m = result.metrics
+                    if reference is None:
+                        reference = result.tokens[0]
+                    row["identical"] = row["identical"] and result.tokens[0] == reference
+                    row["tokens"] += len(result.tokens[0])
+                    row["seconds"] += seconds
+                    row["passes"] += m.target_passes
+                    row["reads"] += reads.count
+                    row["accepted"] += sum(t * n for t, n in enumerate(m.accepted_length_histogram))
+                    for h in range(len(m.head_accepted_tokens)):
+                        row["head_accepted"][h] += m.head_accepted_tokens[h]
+                        row["head_selected"][h] += m.head_selected[h]
+                print(f"[{time.perf_counter() - start_all:.0f}s] {workload} {sampling_name} prompt {index + 1}"
+                      f"/{len(prompts)} done", file=sys.stderr, flush=True)
     rows = []
-    for name, row in totals.items():
+    for (workload, sampling_name, name), row in totals.items():
+        ar = totals[(workload, sampling_name, "ar")]
+        ar_rate = ar["tokens"] / ar["seconds"]
         rate = row["tokens"] / row["seconds"]
+        steps = max(row["passes"], 1)
+        if name in SINGLES:
+            per_head = [row["accepted"] / steps, 0.0]
+        else:
+            per_head = [a / steps for a in row["head_accepted"]]
         rows.append({
-            "config": name, "strategy": configs[name].label(sampling), "tokens": row["tokens"],
-            "block_efficiency": row["tokens"] / max(row["passes"], 1), "tokens_per_s": rate,
-            "ratio_to_ar": rate / ar_rate, "host_reads_per_step": row["reads"] / row["steps"],
+            "workload": workload, "sampling": sampling_name, "config": name,
+            "strategy": configs[name].label(SAMPLINGS[sampling_name]), "tokens": row["tokens"],
+            "target_passes": row["passes"], "block_efficiency": row["tokens"] / steps, "tokens_per_s": rate,
+            "ratio_to_ar": rate / ar_rate, "host_reads_per_step": row["reads"] / steps,
+            "accepted_draft_tokens": row["accepted"],
+            "accepted_per_step_per_head": per_head if name != "ar" else [0.0, 0.0],
             "head_accepted_tokens": row["head_accepted"], "head_selected": row["head_selected"],
-            "identical_to_ar": row["identical"],
+            "identical_to_ar": row["identical"] if sampling_name == "greedy" else None,
         })
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
-        "command": "python bench/dual.py " + " ".join(sys.argv[1:]), "commit": commit,
+        "command": "PYTHONPATH=$PWD python bench/dual.py " + " ".join(sys.argv[1:]), "commit": commit,
         "hardware": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, torch "
                     f"{torch.__version__}, {args.threads} thread(s), device {args.device}".replace("  ", " "),
-        "caveat": "shared machine (other jobs running): ratios are side by side in one run, absolute tok/s noisy",
-        "prompts": f"{prompts_n} held-out chat prompts (spec_fast.training.HELDOUT_PROMPTS), {new} new tokens, greedy",
+        "caveat": "shared 2-core machine (other helpers' jobs running): ratios are side by side in one run, "
+                  "configurations interleaved prompt by prompt; absolute tok/s noisy, few prompts and tokens",
+        "prompts": f"{prompts_n} per workload: chat = spec_fast.training.HELDOUT_PROMPTS, input-grounded = "
+                   f"bench.defaults.INPUT_GROUNDED (summarise / rewrite / list / copy a given passage; checked "
+                   f"absent from the retrieval datastore's training prompts); {new} new tokens",
+        "sampling": "greedy; T=0.7, top-p 0.9, seed 0 (same seed for every configuration)",
+        "per_head_shape": args.strategy,
+        "wall_s": time.perf_counter() - start_all,
     }
-    table = ["| config | block eff. | tok/s | x AR | host reads/step | accepted (head 1, 2) | selected (head 1, 2) | = AR |",
-             "|---|---|---|---|---|---|---|---|"]
+    table = ["| workload | sampling | config | block eff. | tok/s | x AR | accepted/step (head 1, 2) "
+             "| selected (head 1, 2) | host reads/step | = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        table.append(f"| {r['config']} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | {r['ratio_to_ar']:.2f} "
-                     f"| {r['host_reads_per_step']:.1f} | {r['head_accepted_tokens']} | {r['head_selected']} "
-                     f"| {r['identical_to_ar']} |")
-    table += ["", "Selected: route = steps whose tree was that head's; merge = steps whose accepted path came from "
-              "that head (steps accepting nothing count for neither)."]
+        same = "" if r["identical_to_ar"] is None else str(r["identical_to_ar"])
+        heads = ", ".join(f"{a:.2f}" for a in r["accepted_per_step_per_head"])
+        table.append(f"| {r['workload']} | {r['sampling']} | {r['config']} | {r['block_efficiency']:.2f} "
+                     f"| {r['tokens_per_s']:.2f} | {r['ratio_to_ar']:.2f} | {heads} | {r['head_selected']} "
+                     f"| {r['host_reads_per_step']:.1f} | {same} |")
+    table += ["", "accepted/step: draft tokens accepted per target pass from each head (singles: head 1 only). "
+              "Selected: route = steps whose tree was that head's; merge = steps whose accepted path came from "
+              "that head (steps accepting nothing count for neither). = AR: greedy only (sampled runs are "
+              "lossless in distribution, not token for token).", ""]
+    summary = ["| workload | sampling | pair | best single (BE) | merge BE >= best single | best single (tok/s) "
+               "| route tok/s < best single |", "|---|---|---|---|---|---|---|"]
+    by_key = {(r["workload"], r["sampling"], r["config"]): r for r in rows}
+    for workload in workloads:
+        for sampling_name in SAMPLINGS:
+            for first, second in PAIRS:
+                names = (first, second, f"merge({first},{second})", f"route({first},{second})")
+                if any((workload, sampling_name, n) not in by_key for n in names):
+                    continue
+                head_rows = [by_key[(workload, sampling_name, n)] for n in names[:2]]
+                merge, route = (by_key[(workload, sampling_name, n)] for n in names[2:])
+                best_be = max(head_rows, key=lambda r: float(r["block_efficiency"]))
+                best_rate = max(head_rows, key=lambda r: float(r["tokens_per_s"]))
+                summary.append(
+                    f"| {workload} | {sampling_name} | ({first},{second}) | {best_be['config']} "
+                    f"{best_be['block_efficiency']:.2f} | {merge['block_efficiency'] >= best_be['block_efficiency']} "
+                    f"| {best_rate['config']} {best_rate['ratio_to_ar']:.2f}x | "
+                    f"{route['tokens_per_s'] < best_rate['tokens_per_s']} |")
+    table += summary
 
     def plot(plt: Any) -> Any:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-        names = [r["config"] for r in rows]
-        axes[0].barh(names, [r["block_efficiency"] for r in rows])
+        cells = [(w, s) for w in workloads for s in SAMPLINGS]
+        names = list(configs)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+        height = 0.8 / len(cells)
+        for c, (w, s) in enumerate(cells):
+            ys = [i + c * height for i in range(len(names))]
+            axes[0].barh(ys, [by_key[(w, s, n)]["block_efficiency"] for n in names], height, label=f"{w}, {s}")
+            axes[1].barh(ys, [by_key[(w, s, n)]["ratio_to_ar"] for n in names], height)
+        axes[0].set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names)
         axes[0].set_xlabel("block efficiency (tokens / target pass)")
-        axes[1].barh(names, [r["ratio_to_ar"] for r in rows])
+        axes[0].legend(fontsize=7)
         axes[1].axvline(1.0, color="k", lw=0.8)
         axes[1].set_xlabel("tokens/s relative to AR (same run)")
+        fig.tight_layout()
         return fig
 
-    write_results(args.out, "dual", f"Dual drafting (rnn, retrieval), per head {args.strategy}, greedy", meta, rows,
-                  table, plot)
+    write_results(args.out, "dual", f"Dual drafting: merge / route for (rnn, retrieval), (eagle, retrieval), "
+                  f"(rnn, eagle), per head {args.strategy}, greedy and T=0.7/top-p 0.9", meta, rows, table, plot)
 
 
 if __name__ == "__main__":
