@@ -140,7 +140,7 @@ def time_fast(work: Workload, method: str, options: dict[str, Any], batch: int, 
         out = verify_tree(method, flat, target, draft, uniforms, max_depth=work.max_depth, validate=False, **options)
         sync(work.device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times), out.num_accepted.float().mean().cpu()
+    return statistics.median(times), out.accepted_depth.float().mean().cpu()
 
 
 def time_reference(work: Workload, method: str, options: dict[str, Any], rows: int) -> float:

@@ -103,11 +103,11 @@ class GenerationResult:
 
 @dataclass(frozen=True, eq=False)
 class _Verified:
-    """One step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded), ``num_accepted [B]``,
+    """One step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded), ``accepted_depth [B]``,
     ``next_token [B]``."""
 
     accepted_slots: torch.Tensor
-    num_accepted: torch.Tensor
+    accepted_depth: torch.Tensor
     next_token: torch.Tensor
 
 
@@ -352,7 +352,7 @@ class SpeculativeDecoder:
         tree = draft.tree
         if st.sampling.greedy:
             out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
-            return _Verified(out.accepted_slots, out.num_accepted, out.next_token)
+            return _Verified(out.accepted_slots, out.accepted_depth, out.next_token)
         if tree.num_slots == 1:  # a plain sampled step
             probs = sampling_probs(target_logits[:, 0], st.sampling)
             next_token = torch.multinomial(probs, 1, generator=st.generator).squeeze(1)
@@ -364,7 +364,7 @@ class SpeculativeDecoder:
             draft_probs = torch.zeros(target_logits.shape, dtype=torch.float32, device=self.device)
         out, st.uniform_offset = self._verify_sampling(method, draft, target_logits, draft_probs, st.sampling,
                                                        st.uniform_offset)
-        return _Verified(out.accepted_slots, out.num_accepted, out.next_token)
+        return _Verified(out.accepted_slots, out.accepted_depth, out.next_token)
 
     def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
                          draft_probs: torch.Tensor, sampling: SamplingParams, offset: int
@@ -510,7 +510,7 @@ def _read_back(verified: _Verified, draft: DraftBatch, dual: DualDraft | None, e
     column = torch.zeros_like(verified.next_token)
     choice = dual.choice if dual is not None and dual.choice is not None else column
     parts = [verified.accepted_slots, tree.tokens, verified.next_token.unsqueeze(1),
-             verified.num_accepted.unsqueeze(1), tree.depths.max(dim=1).values.unsqueeze(1), choice.unsqueeze(1),
+             verified.accepted_depth.unsqueeze(1), tree.depths.max(dim=1).values.unsqueeze(1), choice.unsqueeze(1),
              dual.heads if dual is not None else torch.zeros_like(tree.tokens)]
     parts.extend(entries)
     flat = torch.cat([p.to(torch.long) for p in parts], dim=1).tolist()

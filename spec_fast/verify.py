@@ -41,6 +41,12 @@ where a uniform lies within float rounding (~1e-7 relative) of a threshold.
 
 Memory: ``traversal`` keeps ``[B, D+1, V]`` float32 state for the current root-to-leaf stack (P and Q).
 
+Layout, as ``spec_ref`` (its ``_sampling``, ``solvers`` and ``verify`` modules): this module holds the public
+entry points, input checks, the top-down OT driver (section 4, and naive 5.1) and the greedy walk;
+:mod:`spec_fast._sampling` the inverse-CDF and residual primitives; :mod:`spec_fast.solvers` the token-level
+solvers at one node; :mod:`spec_fast.single_path` BV and tree_mc (section 5); :mod:`spec_fast.traversal`
+Traversal (section 6).
+
 Khisti's pair LPs run on the host through :class:`spec_ref.KhistiSolver` (the same HiGHS call, so the
 tournament weights are identical), once per visited node with two or more draws; that needs the node's p
 and q on the host (one synchronisation per depth), the rest of Khisti stays on the device.
@@ -48,15 +54,17 @@ and q on the host (one synchronisation per depth), the rest of Khisti stays on t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from spec_fast._sampling import _Rows
 from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
 from spec_fast.flat_tree import FlatTree
+from spec_fast.single_path import _bv_driver, _tree_mc_driver
+from spec_fast.solvers import _Node, _solve_khisti, _solve_naive, _solve_nss, _solve_specinfer, _solve_spectr
+from spec_fast.traversal import _traversal_driver
 
 __all__ = [
     "METHODS",
@@ -87,10 +95,6 @@ _DETERMINISTIC_OK = ("nss", "greedy", "dynatree")
 KHISTI_MAX_DRAWS = 256
 
 Tensor = torch.Tensor
-#: dtype of the [rows, V] arithmetic (residuals, partial sums); reductions accumulate in float64 and every
-#: scalar test is evaluated in float64.
-_WORK = torch.float32
-F64 = torch.float64
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,14 +102,14 @@ class TreeVerifyOutput:
     """One verification step per row (docs/algorithms.md section 1, "Output of one verification step").
 
     ``accepted_slots [B, D+1]``: slots of the accepted path from the root (slot 0), ``-1`` padded;
-    ``num_accepted [B]``: tau, the number of accepted drafted tokens (= depth of the accepted node);
+    ``accepted_depth [B]``: tau, the number of accepted drafted tokens (= depth of the accepted node);
     ``next_token [B]``: the correction or bonus token;
     ``emitted [B, D+1]``: the accepted drafted tokens then ``next_token``, ``-1`` padded;
     ``accepted_node [B]``: the accepted node u* (= ``accepted_slots[b, tau]``).
     """
 
     accepted_slots: Tensor
-    num_accepted: Tensor
+    accepted_depth: Tensor
     next_token: Tensor
     emitted: Tensor
     accepted_node: Tensor
@@ -181,396 +185,10 @@ def path_zero_slots(tree: FlatTree, children: Tensor, max_depth: int) -> Tensor:
     return nodes
 
 
-# ========================================================================================================
-# Sampling primitives (spec_ref/_sampling.py conventions)
-# ========================================================================================================
-def _rowsum(values: Tensor, keepdim: bool = False) -> Tensor:
-    """Row sums ``[R]`` (or ``[R, 1]``) as float64. The reduction runs in the input dtype (torch's cascade
-    summation, relative error ~1e-7 in float32) and is cast afterwards: ``sum(dtype=float64)`` would first
-    materialise a float64 copy of the whole ``[R, V]`` tensor."""
-    return values.sum(dim=1, keepdim=keepdim).to(F64)
-
-
-#: Vocabularies from this size on use the two-level inverse CDF (chunk totals, then one chunk).
-_CHUNKED_CDF_MIN_VOCAB = 8192
-_CDF_CHUNK = 1024
-
-
-def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
-    """Smallest index with ``cumsum > u * total`` per row; never a zero-weight index.
-
-    ``weights [R, V]`` non-negative with positive row sums; ``u [R]``. Returns ``[R]`` long. Cumulative sums
-    are float64. For large V the search is two-level: float64 prefix sums of per-chunk float64 totals pick
-    the chunk, then one ``[R, chunk]`` float64 prefix sum picks the index (boundaries within ~1e-13 of the
-    mass of the reference's sequential float64 cumsum at V = 262144).
-    """
-    rows, vocab = weights.shape
-    u64 = u.to(F64).unsqueeze(1)
-    if vocab < _CHUNKED_CDF_MIN_VOCAB:
-        cumulative = torch.cumsum(weights, dim=1, dtype=F64)  # [R, V]
-        total = cumulative[:, -1:].contiguous()  # [R, 1]
-        index = torch.searchsorted(cumulative, u64 * total, right=True)
-        # If rounding pushes u * total onto the total, take the last index of positive weight: the first
-        # index whose partial sum reaches the total.
-        last_positive = torch.searchsorted(cumulative, total, right=False)
-        # NaN weights (unvalidated input) make searchsorted return V: the clamp keeps every id in [0, V)
-        return torch.minimum(index, last_positive).squeeze(1).clamp_(0, vocab - 1)
-    size = _CDF_CHUNK
-    full = vocab // size
-    # Chunk totals accumulate in float64: float32 totals move every boundary by ~1e-7 of the mass (and a
-    # float32 cumulative sum over V = 151936 by ~1e-5), enough to change the token for a uniform next to a
-    # CDF boundary. Summing in float64 keeps the two-level search within ~1e-13 of the reference's
-    # sequential float64 cumsum.
-    sums = [weights[:, : full * size].reshape(rows, full, size).sum(dim=2, dtype=F64)]
-    if full * size < vocab:
-        sums.append(weights[:, full * size :].sum(dim=1, keepdim=True, dtype=F64))
-    chunk_sums = torch.cat(sums, dim=1)  # [R, C] float64
-    chunk_cum = torch.cumsum(chunk_sums, dim=1)
-    total = chunk_cum[:, -1:].contiguous()
-    threshold = u64 * total
-    chunk = torch.searchsorted(chunk_cum, threshold, right=True)
-    last_chunk = torch.searchsorted(chunk_cum, total, right=False)
-    chunk = torch.minimum(chunk, last_chunk)  # [R, 1], a chunk of positive total
-    before = torch.where(chunk > 0, chunk_cum.gather(1, (chunk - 1).clamp(min=0)), torch.zeros_like(threshold))
-    columns = chunk * size + torch.arange(size, device=weights.device).unsqueeze(0)  # [R, size]
-    inside = columns < vocab
-    zero = torch.zeros((), dtype=weights.dtype, device=weights.device)
-    values = torch.where(inside, weights.gather(1, columns.clamp(max=vocab - 1)), zero)
-    within = torch.cumsum(values, dim=1, dtype=F64)
-    pick = torch.searchsorted(within, (threshold - before).contiguous(), right=True)
-    last_in_chunk = torch.searchsorted(within, within[:, -1:].contiguous(), right=False)
-    return (chunk * size + torch.minimum(pick, last_in_chunk)).squeeze(1).clamp_(0, vocab - 1)
-
-
-def _residual_weights(base: Tensor, subtract: Tensor, subtract_rows: Tensor | None = None) -> Tensor:
-    """``(base - subtract)_+`` per row, or ``base`` where that mass is ``<= 0`` (the current target).
-
-    ``subtract_rows [R]`` bool (optional): only these rows subtract; the others get exactly ``base``.
-    Built as one new ``[R, V]`` tensor updated in place.
-    """
-    if subtract_rows is None:
-        mass = base - subtract
-    else:
-        mass = torch.addcmul(base, subtract, -subtract_rows.to(base.dtype).unsqueeze(1))
-    mass.clamp_min_(0)
-    empty = (_rowsum(mass) <= 0).to(base.dtype).unsqueeze(1)
-    return mass.addcmul_(base, empty)  # an empty row is all zeros: adding base gives exactly base
-
-
-def _take(values: Tensor, index: Tensor) -> Tensor:
-    """``values[r, index[r]]`` for ``values [R, V]``, ``index [R]`` (clamped to >= 0)."""
-    return values.gather(1, index.clamp(min=0).unsqueeze(1)).squeeze(1)
-
-
-class _Rows:
-    """Row selection for ``[rows, V]`` work: all rows (device path) or the rows that need it (compact)."""
-
-    def __init__(self, compact: bool) -> None:
-        self.compact = compact
-
-    def select(self, need: Tensor) -> Tensor | None:
-        """Indices of the rows of ``need [R]`` to compute, or None for "all rows, masked"."""
-        if not self.compact:
-            return None
-        return need.nonzero().squeeze(1)
-
-    def draw(self, need: Tensor, weights_fn: Callable[[Tensor | None], Tensor], u: Tensor) -> Tensor:
-        """Inverse-CDF draws ``[R]`` for the rows in ``need`` (others: 0); ``weights_fn(idx) -> [r, V]``."""
-        idx = self.select(need)
-        if idx is None:
-            return _inverse_cdf(weights_fn(None), u)
-        out = torch.zeros(need.shape[0], dtype=torch.long, device=need.device)
-        if idx.numel():
-            out[idx] = _inverse_cdf(weights_fn(idx), u[idx])
-        return out
-
-
-def _sub(t: Tensor, idx: Tensor | None) -> Tensor:
-    return t if idx is None else t[idx]
 
 
 # ========================================================================================================
-# Token-level solvers at one node per row (docs/algorithms.md section 3; budgets in spec_ref/solvers.py)
-# ========================================================================================================
-@dataclass
-class _Node:
-    """The current node of every row: p, q ``[R, V]`` float32, draws ``[R, K]``, k ``[R]``, u ``[R, M]``."""
-
-    target: Tensor
-    draft: Tensor
-    draws: Tensor
-    count: Tensor
-    u: Tensor
-    rows: Tensor  # [R] batch rows
-    nodes: Tensor  # [R] node slots
-
-
-def _solve_nss(node: _Node, ctx: _Rows) -> tuple[Tensor, Tensor]:
-    need = torch.ones_like(node.count, dtype=torch.bool)
-    y = ctx.draw(need, lambda i: _sub(node.target, i), node.u[:, 0])
-    return y, torch.zeros_like(need)
-
-
-def _solve_naive(node: _Node, ctx: _Rows) -> tuple[Tensor, Tensor]:
-    """Naive (3.2): ``u0 * q(x1) < p(x1)`` accepts x1; else ``Cat(Res(p, q))`` with u1. Leaf: ``Cat(p)``, u0."""
-    first = node.draws[:, 0]
-    leaf = node.count == 0
-    u0 = node.u[:, 0].to(torch.float64)
-    p_x = _take(node.target, first).to(torch.float64)
-    q_x = _take(node.draft, first).to(torch.float64)
-    accepted = ~leaf & (u0 * q_x < p_x)
-    u_draw = torch.where(leaf, node.u[:, 0], node.u[:, 1] if node.u.shape[1] > 1 else node.u[:, 0])
-
-    def weights(i: Tensor | None) -> Tensor:
-        p, q, lf = _sub(node.target, i), _sub(node.draft, i), _sub(leaf, i)
-        return _residual_weights(p, q, ~lf)  # a leaf draws from p itself
-
-    y = ctx.draw(~accepted, weights, u_draw)
-    return torch.where(accepted, first, y), accepted
-
-
-def _rho_star(target: Tensor, draft: Tensor, count: Tensor, iterations: int) -> Tensor:
-    """SpecTr's rho* per row: the same ``iterations``-step bisection on [1, k] returning the UPPER bracket.
-
-    ``beta(m) = sum min(p/m, q) = (1/m) sum_{p < m q} p + sum_{p >= m q} q``. The ratios ``p/q`` are
-    sorted once per row, so each bisection step is a binary search plus two lookups into float64
-    cumulative sums instead of a pass over V; the decisions ``1 - (1 - beta)^k <= m * beta`` are those of
-    :func:`spec_ref.rho_star` up to float rounding. k <= 1 gives 1.
-    """
-    rows, vocab = target.shape
-    p64 = target.to(torch.float64)
-    q64 = draft.to(torch.float64)
-    ratio = torch.where(q64 > 0, p64 / q64.clamp_min(torch.finfo(torch.float64).tiny), torch.full_like(p64, float("inf")))
-    ratio = torch.where((q64 > 0) | (p64 > 0), ratio, torch.zeros_like(ratio))  # p = q = 0: contributes 0
-    sorted_ratio, order = torch.sort(ratio, dim=1)
-    p_sorted = p64.gather(1, order)
-    q_sorted = q64.gather(1, order)
-    zero = torch.zeros(rows, 1, dtype=torch.float64, device=target.device)
-    p_below = torch.cat([zero, torch.cumsum(p_sorted, dim=1)], dim=1)  # [R, V+1]: mass of the first i
-    q_below = torch.cat([zero, torch.cumsum(q_sorted, dim=1)], dim=1)
-    q_total = q_below[:, -1]
-    k64 = count.to(torch.float64)
-    lo = torch.ones(rows, dtype=torch.float64, device=target.device)
-    hi = torch.maximum(k64, lo)
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        cut = torch.searchsorted(sorted_ratio, mid.unsqueeze(1), right=False)  # ratios < mid
-        beta = p_below.gather(1, cut).squeeze(1) / mid + (q_total - q_below.gather(1, cut).squeeze(1))
-        feasible = 1 - (1 - beta) ** k64 <= mid * beta
-        hi = torch.where(feasible, mid, hi)
-        lo = torch.where(feasible, lo, mid)
-    return torch.where(count <= 1, torch.ones_like(hi), hi)
-
-
-def _solve_spectr(node: _Node, ctx: _Rows, iterations: int) -> tuple[Tensor, Tensor]:
-    """SpecTr K-SEQ (3.3): u_j tests x_j with ``u*(rho*q) < p`` for j < k; else ``Cat(R)`` with u_k."""
-    rows, k_max = node.draws.shape
-    count = node.count
-    multi = count >= 2
-    rho = torch.ones(rows, dtype=torch.float64, device=count.device)
-    idx = ctx.select(multi)
-    if idx is None:
-        rho = _rho_star(node.target, node.draft, count, iterations)
-    elif idx.numel():
-        rho[idx] = _rho_star(node.target[idx], node.draft[idx], count[idx], iterations)
-    accepted = torch.zeros(rows, dtype=torch.bool, device=count.device)
-    choice = torch.zeros(rows, dtype=torch.long, device=count.device)
-    for j in range(k_max):
-        x = node.draws[:, j]
-        p_x = _take(node.target, x).to(torch.float64)
-        q_x = _take(node.draft, x).to(torch.float64)
-        hit = ~accepted & (j < count) & (node.u[:, j].to(torch.float64) * (rho * q_x) < p_x)
-        choice = torch.where(hit, x, choice)
-        accepted = accepted | hit
-    u_draw = node.u.gather(1, count.clamp(max=node.u.shape[1] - 1).unsqueeze(1)).squeeze(1)
-
-    def weights(i: Tensor | None) -> Tensor:
-        p = _sub(node.target, i).to(_WORK)
-        q = _sub(node.draft, i).to(_WORK)
-        r = _sub(rho, i).unsqueeze(1)
-        k = _sub(count, i).to(F64).unsqueeze(1)
-        capped = torch.minimum(p / r.to(_WORK), q)
-        beta = _rowsum(capped, keepdim=True)
-        accept_all = 1 - (1 - beta) ** k
-        gamma = torch.where(beta > 0, accept_all / torch.where(beta > 0, beta, torch.ones_like(beta)), r)
-        return _residual_weights(p, gamma.to(_WORK) * capped)  # p - gamma*capped, clipped; k = 0 gives p
-
-    y = ctx.draw(~accepted, weights, u_draw)
-    return torch.where(accepted, choice, y), accepted
-
-
-def _normalised_residual(current: Tensor, draft: Tensor) -> Tensor:
-    """``Res(current, draft)`` normalised, with the fallback ``current / sum(current)``."""
-    mass = (current - draft).clamp_min(0)
-    total = mass.sum(dim=1, keepdim=True)
-    fallback = current / current.sum(dim=1, keepdim=True)
-    return torch.where(total > 0, mass / torch.where(total > 0, total, torch.ones_like(total)), fallback)
-
-
-def _solve_specinfer(node: _Node, ctx: _Rows, order: str) -> tuple[Tensor, Tensor]:
-    """SpecInfer RRS (3.4). Round i: (uniform order) ``integers(k-i)`` picks one of the remaining draws,
-    then a uniform tests it against P_i; P_{i+1} = Res(P_i, q). Finally ``Cat(P_k)``."""
-    rows, k_max = node.draws.shape
-    count = node.count
-    device = count.device
-    per_round = 2 if order == "uniform" else 1
-    accepted = torch.zeros(rows, dtype=torch.bool, device=device)
-    choice = torch.zeros(rows, dtype=torch.long, device=device)
-    remaining = torch.arange(k_max, device=device).unsqueeze(0) < count.unsqueeze(1)  # [R, K]
-    need_chain = count >= 1
-    idx = ctx.select(need_chain)
-    chain_rows = torch.arange(rows, device=device) if idx is None else idx
-    current = node.target[chain_rows].to(_WORK)  # P_i for the chain rows
-    draft64 = node.draft[chain_rows].to(_WORK)
-    position_in_chain = torch.full((rows,), -1, dtype=torch.long, device=device)
-    position_in_chain[chain_rows] = torch.arange(chain_rows.numel(), device=device)
-    for i in range(k_max):
-        in_round = ~accepted & (i < count)
-        left = (count - i).clamp(min=1)
-        if order == "uniform":
-            u_pick = node.u[:, min(2 * i, node.u.shape[1] - 1)].to(torch.float64)
-            pick = torch.minimum((u_pick * left.to(torch.float64)).floor().long(), left - 1)
-        else:
-            pick = torch.zeros_like(count)
-        # position of the pick-th remaining draw
-        rank = torch.cumsum(remaining.long(), dim=1) - 1
-        slot = ((rank == pick.unsqueeze(1)) & remaining).long().argmax(dim=1)
-        x = node.draws.gather(1, slot.unsqueeze(1)).squeeze(1)
-        p_x = torch.zeros(rows, dtype=torch.float64, device=device)
-        if chain_rows.numel():
-            p_x[chain_rows] = current.gather(1, x[chain_rows].clamp(min=0).unsqueeze(1)).squeeze(1).to(F64)
-        q_x = _take(node.draft, x).to(torch.float64)
-        u_test = node.u[:, min(per_round * i + per_round - 1, node.u.shape[1] - 1)].to(torch.float64)
-        hit = in_round & (u_test * q_x < p_x)
-        choice = torch.where(hit, x, choice)
-        accepted = accepted | hit
-        miss = in_round & ~hit
-        remaining = remaining & ~(miss.unsqueeze(1) & (torch.arange(k_max, device=device) == slot.unsqueeze(1)))
-        if chain_rows.numel():
-            advance = miss[chain_rows].unsqueeze(1)
-            current = torch.where(advance, _normalised_residual(current, draft64), current)
-    u_final = node.u.gather(1, (per_round * count).clamp(max=node.u.shape[1] - 1).unsqueeze(1)).squeeze(1)
-
-    def weights(i: Tensor | None) -> Tensor:
-        sel = chain_rows if i is None else i
-        has_chain = position_in_chain[sel] >= 0
-        chained = current[position_in_chain[sel].clamp(min=0)] if current.shape[0] else node.target[sel].to(_WORK)
-        return torch.where(has_chain.unsqueeze(1), chained, node.target[sel].to(_WORK))
-
-    if idx is None:
-        y = _inverse_cdf(weights(None), u_final)
-    else:
-        y = ctx.draw(~accepted, weights, u_final)
-    return torch.where(accepted, choice, y), accepted
-
-
-def _renormalised_beyond_reference_tolerance(rows: np.ndarray) -> np.ndarray:
-    """float64 rows ``[R, V]`` handed to the reference LP: rows off 1 by more than the reference's 1e-6
-    (a float32 sum over a real vocabulary, within :func:`spec_fast._validate.probability_sum_tolerance`)
-    are divided by their sum; the others are passed unchanged, so the LP sees the reference's own input."""
-    totals = rows.sum(axis=1, keepdims=True)
-    off = np.abs(totals - 1.0) > 1e-6
-    return np.where(off & (totals > 0), rows / np.where(totals > 0, totals, 1.0), rows)
-
-
-def _khisti_plans(target: Tensor, draft: Tensor, count: Tensor, need: Tensor, truncation: int) -> dict[int, Any]:
-    """Host LPs (``spec_ref.KhistiSolver.plan``) for the rows in ``need [R]``: row -> SolverPlan.
-
-    One host synchronisation (documented): p and q of those rows are copied to the host in float64, the
-    same values the reference validates, so HiGHS sees identical inputs and returns identical weights.
-    """
-    from spec_ref.solvers import KhistiSolver  # host-side LP routine (same HiGHS call as the reference)
-
-    idx = need.nonzero().squeeze(1).cpu().tolist()
-    if not idx:
-        return {}
-    solver = KhistiSolver(truncation)
-    targets = _renormalised_beyond_reference_tolerance(target[idx].to(torch.float64).cpu().numpy())
-    drafts = _renormalised_beyond_reference_tolerance(draft[idx].to(torch.float64).cpu().numpy())
-    counts = count[idx].cpu().tolist()
-    plans: dict[int, Any] = {}
-    shared: dict[tuple[bytes, bytes, int], Any] = {}  # rows with identical (p, q, k) share one LP solve
-    for n, r in enumerate(idx):
-        key = (targets[n].tobytes(), drafts[n].tobytes(), int(counts[n]))
-        if key not in shared:
-            shared[key] = solver.plan(targets[n], drafts[n], int(counts[n]))
-        plans[r] = shared[key]
-    return plans
-
-
-def _khisti_tables(
-    draft: Tensor, draws: Tensor, plans: dict[int, Any]
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``keep [R, K, K]`` (KEEP1 of the champion at draw a vs the challenger at draw t, float64), the
-    champion law ``[R, V]`` (float32) and its float64 values at the draws ``[R, K]``; rows without a plan
-    (k < 2) get r = q and KEEP1 = 1."""
-    rows, k_max = draws.shape
-    device = draws.device
-    keep = np.ones((rows, k_max, k_max), dtype=np.float64)
-    law = draft.clone()
-    law_at_draws = _take_all(draft, draws).to(torch.float64).cpu().numpy()
-    if plans:
-        host_draws = draws.cpu().tolist()
-        laws: dict[int, np.ndarray] = {}  # id(plan) -> champion law
-        tables: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
-        plan_rows = list(plans)
-        for r in plan_rows:
-            plan = plans[r]
-            tokens = tuple(int(t) for t in host_draws[r][: plan.k])
-            key = (id(plan), tokens)
-            if key not in tables:
-                champion_law = laws.setdefault(id(plan), np.asarray(plan.extras["champion_law"], dtype=np.float64))
-                table = np.ones((k_max, k_max), dtype=np.float64)
-                for t, pair in enumerate(plan.extras["rounds"], start=1):
-                    for a in range(t):
-                        table[a, t] = float(pair.keep_first(tokens[a], tokens[t]))
-                at_draws = law_at_draws[r].copy()
-                at_draws[: plan.k] = champion_law[list(tokens)]
-                tables[key] = (table, at_draws)
-            keep[r], law_at_draws[r] = tables[key]
-        stacked = np.stack([laws[id(plans[r])] for r in plan_rows])
-        law[plan_rows] = torch.from_numpy(stacked).to(device=device, dtype=law.dtype)
-    return torch.from_numpy(keep).to(device), law, torch.from_numpy(law_at_draws).to(device)
-
-
-def _take_all(values: Tensor, index: Tensor) -> Tensor:
-    """``values[r, index[r, j]]`` for ``values [R, V]``, ``index [R, K]`` (clamped to >= 0)."""
-    return values.gather(1, index.clamp(min=0))
-
-
-def _solve_khisti(node: _Node, ctx: _Rows, truncation: int) -> tuple[Tensor, Tensor]:
-    """Khisti (3.5): rounds t = 2..k ``u_{t-2} < KEEP1``; ``u_{k-1} * r(c) < p(c)``; else ``Cat(Res(p, r))``
-    with u_k. k = 1 is Naive (r = q); k = 0 is ``Cat(p)`` with u_0."""
-    rows, k_max = node.draws.shape
-    count = node.count
-    device = count.device
-    plans = _khisti_plans(node.target, node.draft, count, count >= 2, truncation)
-    keep, law, law_at_draws = _khisti_tables(node.draft, node.draws, plans)
-    champion_index = torch.zeros(rows, dtype=torch.long, device=device)
-    row_ids = torch.arange(rows, device=device)
-    for t in range(1, k_max):
-        active = t < count
-        keep_prob = keep[row_ids, champion_index, t]
-        stays = node.u[:, min(t - 1, node.u.shape[1] - 1)].to(torch.float64) < keep_prob
-        champion_index = torch.where(active & ~stays, torch.full_like(champion_index, t), champion_index)
-    champion = node.draws.gather(1, champion_index.unsqueeze(1)).squeeze(1)
-    r_c = law_at_draws.gather(1, champion_index.unsqueeze(1)).squeeze(1)
-    p_c = _take(node.target, champion).to(torch.float64)
-    u_test = node.u.gather(1, (count - 1).clamp(min=0).unsqueeze(1)).squeeze(1).to(torch.float64)
-    leaf = count == 0
-    accepted = ~leaf & (u_test * r_c < p_c)
-    u_draw = node.u.gather(1, count.clamp(max=node.u.shape[1] - 1).unsqueeze(1)).squeeze(1)
-
-    def weights(i: Tensor | None) -> Tensor:
-        p, r, lf = _sub(node.target, i), _sub(law, i), _sub(leaf, i)
-        return _residual_weights(p, r, ~lf)
-
-    y = ctx.draw(~accepted, weights, u_draw)
-    return torch.where(accepted, champion, y), accepted
-
-
-# ========================================================================================================
-# Drivers
+# Drivers (single-path: spec_fast/single_path.py; Traversal: spec_fast/traversal.py)
 # ========================================================================================================
 def _gather_node(
     tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, rows: Tensor, nodes: Tensor
@@ -665,336 +283,6 @@ def verify_greedy(tree: FlatTree, target_scores: Tensor, max_depth: int | None =
     depth = int(tree.depths.max()) if max_depth is None else int(max_depth)
     node, token = _greedy_driver(tree, target_scores, depth)
     return _assemble(tree, node, token, depth)
-
-
-def _path_weights(
-    tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, path: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Path 0's prefix weights ``w [B, D+1]`` (float64), length ``L [B]`` and drafted tokens ``x [B, D+1]``
-    (``x[:, i]`` = token of path node i, -1 past the leaf). ``w_i = min(1, (w_{i-1} p(x_i)) / q(x_i))``."""
-    batch, width = path.shape
-    device = path.device
-    rows = torch.arange(batch, device=device)
-    valid = path >= 0
-    length = valid.long().sum(dim=1) - 1
-    tokens = torch.where(valid, tree.tokens.gather(1, path.clamp(min=0)), torch.full_like(path, -1))
-    w = torch.ones(batch, width, dtype=torch.float64, device=device)
-    for i in range(1, width):
-        parent = path[:, i - 1].clamp(min=0)
-        x = tokens[:, i].clamp(min=0)
-        p_x = target_probs[rows, parent, x].to(torch.float64)
-        q_x = draft_probs[rows, parent, x].to(torch.float64)
-        ratio = w[:, i - 1] * p_x / torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-        w[:, i] = torch.where(valid[:, i], torch.clamp(ratio, max=1.0), w[:, i - 1])
-    return w, length, tokens
-
-
-def _bv_driver(
-    tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, path: Tensor, ctx: _Rows
-) -> tuple[Tensor, Tensor]:
-    """Block verification (docs/algorithms.md section 5.2) in spec_ref's layout: node v_i's row holds [u < h_i, extra]."""
-    batch, width = path.shape
-    device = path.device
-    rows = torch.arange(batch, device=device)
-    w, length, _ = _path_weights(tree, target_probs, draft_probs, path)
-    h = torch.ones(batch, width, dtype=torch.float64, device=device)  # h[:, i] = h_i (i >= 1)
-    for i in range(1, width - 1):
-        need = i < length
-        idx = ctx.select(need)
-        sel = rows if idx is None else idx
-        if sel.numel() == 0:
-            continue
-        node = path[sel, i].clamp(min=0)
-        p = target_probs[sel, node].to(_WORK)  # a fresh copy: updated in place
-        q = draft_probs[sel, node].to(_WORK)
-        w_i = w[sel, i]
-        z = _rowsum(p.mul_(w_i.to(_WORK).unsqueeze(1)).sub_(q).clamp_min_(0))
-        d = z + (1 - w_i)
-        h_i = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
-        h[sel, i] = torch.where(need[sel], h_i, h[sel, i])
-    h_last = w.gather(1, length.unsqueeze(1)).squeeze(1)
-    if width > 1:  # h_L = w_L
-        last = length.clamp(min=1).unsqueeze(1)
-        h.scatter_(1, last, torch.where(length > 0, h_last, h.gather(1, last).squeeze(1)).unsqueeze(1))
-    tau = torch.zeros(batch, dtype=torch.long, device=device)
-    for i in range(width - 1, 0, -1):  # deepest first; tau = the largest accepted index
-        node = path[:, i].clamp(min=0)
-        u_i = uniforms[rows, node, 0].to(torch.float64)
-        hit = (tau == 0) & (i <= length) & (u_i < h[:, i])
-        tau = torch.where(hit, torch.full_like(tau, i), tau)
-    stop_node = path.gather(1, tau.unsqueeze(1)).squeeze(1)
-    u_extra = torch.where(tau > 0, uniforms[rows, stop_node, min(1, uniforms.shape[2] - 1)], uniforms[rows, stop_node, 0])
-    full = tau == length
-    w_tau = w.gather(1, tau.unsqueeze(1)).squeeze(1)
-
-    def weights(i: Tensor | None) -> Tensor:
-        sel = rows if i is None else i
-        p = target_probs[sel, stop_node[sel]].to(_WORK)
-        q = draft_probs[sel, stop_node[sel]].to(_WORK)
-        f = full[sel]
-        scale = torch.where(f, torch.ones_like(w_tau[sel]), w_tau[sel]).to(_WORK).unsqueeze(1)
-        return _residual_weights(p.mul_(scale), q, ~f)  # tau = L: Cat(p_L); else Res(w_tau p_tau, q_tau)
-
-    y = ctx.draw(torch.ones_like(full), weights, u_extra)
-    return stop_node, y
-
-
-def _tree_mc_driver(
-    tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, path: Tensor, ctx: _Rows
-) -> tuple[Tensor, Tensor]:
-    """Hu & Huang's tree verification (docs/algorithms.md section 5.3): one inverse-CDF draw over the L x V cells,
-    done as row totals then one row, with the root's uniforms [cell draw, bonus draw]."""
-    batch, width = path.shape
-    device = path.device
-    rows = torch.arange(batch, device=device)
-    if width == 1:  # every row is a lone root: L = 0, the only draw is Cat(p_0)
-        root = torch.zeros(batch, dtype=torch.long, device=device)
-        need = torch.ones(batch, dtype=torch.bool, device=device)
-        return root, ctx.draw(need, lambda i: target_probs[_sub(rows, i), 0], uniforms[:, 0, 0])
-    s, length, tokens = _path_weights(tree, target_probs, draft_probs, path)  # s_j == BV's w_j
-    big = width - 1  # cell rows j = 1..big
-    scale = torch.ones(batch, width, dtype=torch.float64, device=device)  # scale[:, j] = t_j
-    row_mass = torch.zeros(batch, width, dtype=torch.float64, device=device)  # sum_v mass_j(v) - mass_j(x_j)
-    for j in range(1, big + 1):
-        need = j <= length
-        idx = ctx.select(need)
-        sel = rows if idx is None else idx
-        if sel.numel() == 0:
-            continue
-        parent = path[sel, j - 1].clamp(min=0)
-        p = target_probs[sel, parent].to(_WORK)
-        q = draft_probs[sel, parent].to(_WORK)
-        s_prev = s[sel, j - 1].unsqueeze(1).to(_WORK)
-        diff = p.mul_(s_prev).sub_(q)  # s p - q, in place on the fresh copy
-        mass = diff.clamp_min(0)
-        excess = -_rowsum(diff.clamp_max_(0))  # sum (q - s p)_+
-        x = tokens[sel, j].clamp(min=0)
-        t_j = torch.where(excess > 0, (1 - s[sel, j]) / torch.where(excess > 0, excess, torch.ones_like(excess)),
-                          torch.ones_like(excess))
-        scale[sel, j] = torch.where(need[sel], t_j, scale[sel, j])
-        total = _rowsum(mass) - mass.gather(1, x.unsqueeze(1)).squeeze(1).to(F64)
-        row_mass[sel, j] = torch.where(need[sel], total, row_mass[sel, j])
-    # coef_j = prod_{m=j..L} t_m (cells of row j are rescaled by every later step)
-    in_path = torch.arange(width, device=device).unsqueeze(0) <= length.unsqueeze(1)
-    logless = torch.where(in_path, scale, torch.ones_like(scale))
-    coef = torch.flip(torch.cumprod(torch.flip(logless, [1]), dim=1), [1])
-    s_last = s.gather(1, length.unsqueeze(1)).squeeze(1)
-    totals = torch.where(in_path, coef * row_mass, torch.zeros_like(coef))
-    totals[:, 0] = 0
-    if width > 1:  # the "accept all" cell (L, x_L) holds s_L
-        totals.scatter_add_(
-            1, length.clamp(min=1).unsqueeze(1), torch.where(length > 0, s_last, torch.zeros_like(s_last)).unsqueeze(1)
-        )
-    u_cell = uniforms[:, 0, 0].to(torch.float64)
-    cumulative = torch.cumsum(totals, dim=1)
-    grand = cumulative[:, -1].contiguous()
-    threshold = u_cell * grand
-    row_j = torch.searchsorted(cumulative, threshold.unsqueeze(1).contiguous(), right=True).squeeze(1)
-    last_row = torch.searchsorted(cumulative, grand.unsqueeze(1).contiguous(), right=False).squeeze(1)
-    row_j = torch.minimum(row_j, last_row).clamp(min=1, max=big)  # max: NaN totals (unvalidated input)
-    before = cumulative.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1)
-    within = ((threshold - before) / coef.gather(1, row_j.unsqueeze(1)).squeeze(1)).clamp_min(0)
-    in_row = torch.zeros(batch, dtype=torch.long, device=device)
-    chosen_parent = path.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1).clamp(min=0)
-    x_row = tokens.gather(1, row_j.unsqueeze(1)).squeeze(1).clamp(min=0)
-    is_last = row_j == length
-    has_cells = length > 0
-    idx = ctx.select(has_cells)
-    sel = rows if idx is None else idx
-    if sel.numel():
-        p = target_probs[sel, chosen_parent[sel]].to(_WORK)
-        q = draft_probs[sel, chosen_parent[sel]].to(_WORK)
-        s_prev = s.gather(1, (row_j - 1).unsqueeze(1)).squeeze(1)[sel].unsqueeze(1).to(_WORK)
-        mass = (s_prev * p - q).clamp_min(0)
-        # the drafted token's cell: 0, or s_L (unscaled, so divide by the row's coefficient) on the last row
-        cell_x = torch.where(is_last[sel], s_last[sel] / coef.gather(1, row_j.unsqueeze(1)).squeeze(1)[sel],
-                             torch.zeros_like(s_last[sel]))
-        mass = mass.to(F64)  # the chosen row only: accumulate it exactly like the row totals
-        mass.scatter_(1, x_row[sel].unsqueeze(1), cell_x.unsqueeze(1))
-        cum = torch.cumsum(mass, dim=1)
-        pick = torch.searchsorted(cum, within[sel].unsqueeze(1).contiguous(), right=True)
-        last_pos = torch.searchsorted(cum, cum[:, -1:].contiguous(), right=False)
-        in_row[sel] = torch.minimum(pick, last_pos).squeeze(1).clamp(0, mass.shape[1] - 1)
-    coupled = has_cells & is_last & (in_row == x_row)
-    leaf = path.gather(1, length.unsqueeze(1)).squeeze(1)
-    stop_node = torch.where(coupled | ~has_cells, leaf, chosen_parent)
-    need_bonus = coupled | ~has_cells
-    u_bonus = torch.where(has_cells, uniforms[:, 0, min(1, uniforms.shape[2] - 1)], uniforms[:, 0, 0])
-    bonus = ctx.draw(need_bonus, lambda i: target_probs[_sub(rows, i), _sub(stop_node, i)], u_bonus)
-    return stop_node, torch.where(need_bonus, bonus, in_row)
-
-
-def _round_tables(tree: FlatTree, sibling_model: str) -> tuple[Tensor, Tensor]:
-    """``first [B, N, K]`` (draw j is its token's first occurrence) and ``next_round [B, N, K+1]``: the first
-    round position >= j (WOR: first occurrences only; WR: every draw), K when none is left."""
-    batch, n, k = tree.draws.shape
-    device = tree.draws.device
-    draws = tree.draws
-    earlier = torch.ones(k, k, dtype=torch.bool, device=device).tril(-1)  # [j, j'] j' < j
-    same = (draws.unsqueeze(3) == draws.unsqueeze(2)) & earlier  # [B, N, j, j']
-    first = (draws >= 0) & ~same.any(dim=3)
-    is_round = first if sibling_model == "wor" else draws >= 0
-    positions = torch.arange(k + 1, device=device)
-    candidate = torch.where(is_round, positions[:k], torch.full_like(draws, k))  # [B, N, K]
-    candidate = torch.cat([candidate, torch.full((batch, n, 1), k, dtype=torch.long, device=device)], dim=2)
-    next_round = torch.flip(torch.cummin(torch.flip(candidate, [2]), dim=2).values, [2])
-    return first, next_round
-
-
-def _traversal_driver(
-    tree: FlatTree,
-    target_probs: Tensor,
-    draft_probs: Tensor,
-    uniforms: Tensor,
-    children: Tensor,
-    max_depth: int,
-    sibling_model: str,
-    ctx: _Rows,
-) -> tuple[Tensor, Tensor]:
-    """Traversal verification (docs/algorithms.md section 6) in true post-order with children in draw order.
-
-    The state (w, P, Q) of a node only changes while it is on the current root-to-leaf stack, so it is
-    kept per stack level (``[B, D+1, V]``, written only once a node has rejected a round); a node's weight
-    is computed when the walk descends into it, from its parent's current state, which equals the
-    reference's eager REFRESH. Each step of the loop does one action per row: a WR duplicate round (an
-    automatic REJECT, no draw), a descent into the first remaining round, or a test ``u < w`` of the
-    first leaf in post-order (accept, or pop + REJECT at the parent).
-    """
-    batch, n, k = tree.draws.shape
-    vocab = target_probs.shape[2]
-    device = tree.tokens.device
-    rows = torch.arange(batch, device=device)
-    levels = max_depth + 1
-    first, next_round = _round_tables(tree, sibling_model)
-    stack = torch.zeros(batch, levels, dtype=torch.long, device=device)
-    top = torch.zeros(batch, dtype=torch.long, device=device)
-    weight = torch.ones(batch, levels, dtype=torch.float64, device=device)
-    modified = torch.zeros(batch, levels, dtype=torch.bool, device=device)
-    # only read where ``modified`` is set (torch.where never propagates the unselected branch): no zero-fill
-    state_p = torch.empty(batch, levels, vocab, dtype=target_probs.dtype, device=device)
-    state_q = torch.empty(batch, levels, vocab, dtype=draft_probs.dtype, device=device)
-    pointer = next_round[:, :, 0].clone()  # [B, N] next round position of every node
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
-    final_node = torch.zeros(batch, dtype=torch.long, device=device)
-    final_level = torch.zeros(batch, dtype=torch.long, device=device)
-    draw_next = torch.zeros(batch, dtype=torch.bool, device=device)  # accepted, bonus still to draw
-
-    def current_pq(sel: Tensor, level: Tensor) -> tuple[Tensor, Tensor]:
-        node = stack[sel, level]
-        mod = modified[sel, level].unsqueeze(1)
-        if ctx.compact:  # gather each row from where it lives instead of selecting between both
-            p = target_probs[sel, node].to(_WORK)
-            q = draft_probs[sel, node].to(_WORK)
-            changed = mod.squeeze(1).nonzero().squeeze(1)
-            if changed.numel():
-                p[changed] = state_p[sel[changed], level[changed]].to(_WORK)
-                q[changed] = state_q[sel[changed], level[changed]].to(_WORK)
-            return p, q
-        p = torch.where(mod, state_p[sel, level], target_probs[sel, node]).to(_WORK)
-        q = torch.where(mod, state_q[sel, level], draft_probs[sel, node]).to(_WORK)
-        return p, q
-
-    def current_at(sel: Tensor, level: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
-        node = stack[sel, level]
-        mod = modified[sel, level]
-        tok = token.clamp(min=0)
-        p = torch.where(mod, state_p[sel, level, tok], target_probs[sel, node, tok]).to(torch.float64)
-        q = torch.where(mod, state_q[sel, level, tok], draft_probs[sel, node, tok]).to(torch.float64)
-        return p, q
-
-    def reject(need: Tensor, level: Tensor, token: Tensor) -> None:
-        idx = ctx.select(need)
-        sel = rows if idx is None else idx
-        if sel.numel() == 0:
-            return
-        lev = level[sel]
-        p, q = current_pq(sel, lev)
-        w = weight[sel, lev]
-        mass = torch.mul(p, w.to(_WORK).unsqueeze(1)).sub_(q).clamp_min_(0)
-        z = _rowsum(mass)
-        d = z + (1 - w)
-        updated = torch.where(d > 0, z / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
-        updated = torch.clamp(updated, max=1.0)  # w <- Z/(Z + 1 - w) with the CURRENT w (6.2)
-        positive = z > 0
-        z_work = torch.where(positive, z, torch.ones_like(z)).to(_WORK).unsqueeze(1)
-        # P <- Rm / Z; if Z = 0 then Rm is all zeros and P stays (adding P to zeros is exact)
-        new_p = mass.div_(z_work).addcmul_(p, (~positive).to(_WORK).unsqueeze(1))
-        if sibling_model == "wor":
-            q.scatter_(1, token[sel].clamp(min=0).unsqueeze(1), 0.0)  # q is a fresh copy
-            total = _rowsum(q, keepdim=True)
-            q.div_(torch.where(total > 0, total, torch.ones_like(total)).to(_WORK))
-        apply = need[sel]
-        if ctx.compact:  # sel holds exactly the rows that reject
-            state_p[sel, lev] = new_p.to(state_p.dtype)
-            state_q[sel, lev] = q.to(state_q.dtype)
-        else:
-            a2 = apply.unsqueeze(1)
-            state_p[sel, lev] = torch.where(a2, new_p.to(state_p.dtype), state_p[sel, lev])
-            state_q[sel, lev] = torch.where(a2, q.to(state_q.dtype), state_q[sel, lev])
-        modified[sel, lev] = modified[sel, lev] | apply
-        weight[sel, lev] = torch.where(apply, updated, weight[sel, lev])
-
-    max_steps = 2 * n + n * k + 1
-    for _ in range(max_steps):
-        if ctx.compact and not bool(alive.any()):
-            break
-        u_node = stack[rows, top]
-        position = pointer[rows, u_node]  # [B]
-        has_round = position < k
-        pos = position.clamp(max=k - 1) if k > 0 else position
-        child = children[rows, u_node, pos] if k > 0 else torch.full_like(u_node, -1)
-        dup = has_round & ~first[rows, u_node, pos] if k > 0 else torch.zeros_like(has_round)
-        token = tree.draws[rows, u_node, pos] if k > 0 else torch.full_like(u_node, -1)
-        # (1) WR duplicate round: automatic rejection at u, advance u's pointer.
-        do_dup = alive & has_round & dup
-        # (2) descend into the first remaining round.
-        do_push = alive & has_round & ~dup
-        # (3) u is the first leaf in post-order: root -> accept; else test u < w_u.
-        do_test = alive & ~has_round
-        at_root = do_test & (top == 0)
-        u_test = uniforms[rows, u_node, 0].to(torch.float64)
-        w_top = weight[rows, top]
-        accept = do_test & ~at_root & (u_test < w_top)
-        pop = do_test & ~at_root & ~accept
-        done = at_root | accept
-        final_node = torch.where(done, u_node, final_node)
-        final_level = torch.where(done, top, final_level)
-        draw_next = draw_next | done
-        alive = alive & ~done
-        # descent: w_c = min(1, (w_u P_u(x)) / Q_u(x)), 0 if Q_u(x) = 0
-        if bool(do_push.any()) if ctx.compact else True:
-            p_x, q_x = current_at(rows, top, token)
-            ratio = weight[rows, top] * p_x / torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-            w_child = torch.where(q_x > 0, torch.clamp(ratio, max=1.0), torch.zeros_like(ratio))
-            new_top = (top + 1).clamp(max=levels - 1)
-            stack[rows, new_top] = torch.where(do_push, child, stack[rows, new_top])
-            weight[rows, new_top] = torch.where(do_push, w_child, weight[rows, new_top])
-            modified[rows, new_top] = modified[rows, new_top] & ~do_push
-            top = torch.where(do_push, new_top, top)
-        # duplicate: pointer of u advances, REJECT(u, x)
-        advance_dup = next_round[rows, u_node, (pos + 1).clamp(max=k)] if k > 0 else position
-        pointer[rows, u_node] = torch.where(do_dup, advance_dup, pointer[rows, u_node])
-        reject(do_dup, top, token)
-        # pop: parent's pointer advances past u's round, REJECT(parent, token(u))
-        parent_level = (top - 1).clamp(min=0)
-        parent = stack[rows, parent_level]
-        parent_pos = pointer[rows, parent].clamp(max=max(k - 1, 0))
-        advance_pop = next_round[rows, parent, (parent_pos + 1).clamp(max=k)] if k > 0 else pointer[rows, parent]
-        pointer[rows, parent] = torch.where(pop, advance_pop, pointer[rows, parent])
-        top = torch.where(pop, parent_level, top)
-        reject(pop, top, tree.tokens[rows, u_node])
-    # the extra token: Cat(P_u*) with the node's row: first uniform at the root, second otherwise
-    u_extra = torch.where(
-        final_node == 0, uniforms[rows, final_node, 0], uniforms[rows, final_node, min(1, uniforms.shape[2] - 1)]
-    )
-
-    def weights(i: Tensor | None) -> Tensor:
-        sel = rows if i is None else i
-        p, _ = current_pq(sel, final_level[sel])
-        return p
-
-    y = ctx.draw(draw_next, weights, u_extra)
-    return final_node, y
 
 
 # ========================================================================================================
@@ -1119,7 +407,7 @@ def _assemble(tree: FlatTree, node: Tensor, token: Tensor, max_depth: int) -> Tr
     Guard for unvalidated input (``validate=False``), without a host sync: an accepted node that is not a
     real slot becomes the root, so no emitted id ever leaves
     the vocabulary (drafted ids of real slots are ids the drafter sampled, every drawn id comes from
-    :func:`_inverse_cdf`, which clamps, and the greedy walk's argmax is always in range)."""
+    :func:`spec_fast._sampling._inverse_cdf`, which clamps, and the greedy walk's argmax is always in range)."""
     batch = tree.batch_size
     device = tree.tokens.device
     rows = torch.arange(batch, device=device)
@@ -1142,7 +430,7 @@ def _assemble(tree: FlatTree, node: Tensor, token: Tensor, max_depth: int) -> Tr
     emitted.scatter_(1, tau.unsqueeze(1), token.unsqueeze(1))
     return TreeVerifyOutput(
         accepted_slots=accepted_slots,
-        num_accepted=tau,
+        accepted_depth=tau,
         next_token=token,
         emitted=emitted[:, :width].contiguous(),
         accepted_node=node,

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
+from spec_fast._sampling import _Rows
 from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
-from spec_fast.verify import (
+from spec_fast.solvers import (
     _khisti_plans,
     _khisti_tables,
     _Node,
     _normalised_residual,
     _rho_star,
-    _Rows,
     _solve_khisti,
     _solve_naive,
     _solve_nss,

@@ -47,9 +47,9 @@ class _BestOfTwoDecoder(SpeculativeDecoder):
                          offset: int) -> Any:
         one, _ = super()._verify_sampling(method, draft, target_logits, draft_probs, sampling, offset)
         two, end = super()._verify_sampling(method, draft, target_logits, draft_probs, sampling, offset + 10**6)
-        pick_two = two.num_accepted > one.num_accepted
+        pick_two = two.accepted_depth > one.accepted_depth
         fields = {}
-        for name in ("accepted_slots", "num_accepted", "next_token", "emitted", "accepted_node"):
+        for name in ("accepted_slots", "accepted_depth", "next_token", "emitted", "accepted_node"):
             a, b = getattr(one, name), getattr(two, name)
             cond = pick_two.view(-1, *([1] * (a.dim() - 1)))
             fields[name] = torch.where(cond, b, a)

@@ -124,7 +124,7 @@ def test_the_unvalidated_internal_path_never_emits_an_id_outside_the_vocabulary(
         uniforms = torch.full_like(uniforms, float("nan"))
     out = verify_tree(method, batch.flat, target, draft, uniforms, validate=False, compact=compact)
     for b in range(4):
-        emitted = out.emitted[b, : int(out.num_accepted[b]) + 1]
+        emitted = out.emitted[b, : int(out.accepted_depth[b]) + 1]
         assert bool(((emitted >= 0) & (emitted < VOCAB)).all()), (b, emitted.tolist())
         assert 0 <= int(out.next_token[b]) < VOCAB
         assert bool(batch.flat.valid[b, int(out.accepted_node[b])])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import spec_ref
-from spec_fast.verify import _inverse_cdf
+from spec_fast._sampling import _inverse_cdf
 from tests.fast.test_kernels_helpers import single_thread_torch
 
 __all__ = ["single_thread_torch"]

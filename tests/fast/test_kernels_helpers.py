@@ -136,9 +136,9 @@ def reference_rows(batch: Batch, method: str, uniforms: torch.Tensor, **options:
     return out
 
 
-def fast_rows(emitted: torch.Tensor, num_accepted: torch.Tensor) -> list[tuple[int, ...]]:
+def fast_rows(emitted: torch.Tensor, accepted_depth: torch.Tensor) -> list[tuple[int, ...]]:
     em = emitted.tolist()
-    return [tuple(em[b][: int(t) + 1]) for b, t in enumerate(num_accepted.tolist())]
+    return [tuple(em[b][: int(t) + 1]) for b, t in enumerate(accepted_depth.tolist())]
 
 
 def near_threshold(batch: Batch, method: str, uniforms: torch.Tensor, b: int, delta: float = 1e-5, **options: Any) -> bool:

@@ -48,7 +48,7 @@ IDS = [m + "".join(f"-{v}" for v in o.values()) for m, o in CONFIGS]
 def assert_parity(batch: Batch, method: str, uniforms: torch.Tensor, compact: bool, **options: Any) -> None:
     target, draft = batch.tensors()
     out = verify_tree(method, batch.flat, target, draft, uniforms, compact=compact, **options)
-    got = fast_rows(out.emitted, out.num_accepted)
+    got = fast_rows(out.emitted, out.accepted_depth)
     expected = reference_rows(batch, method, uniforms, **options)
     mismatched = [b for b in range(len(got)) if got[b] != expected[b]]
     unexplained = [b for b in mismatched if not near_threshold(batch, method, uniforms, b, **options)]
@@ -57,7 +57,7 @@ def assert_parity(batch: Batch, method: str, uniforms: torch.Tensor, compact: bo
     assert len(mismatched) <= max(1, len(got) // 1000), f"{method}: too many near-threshold rows: {report}"
     # the structured outputs agree with the emitted block
     for b, row in enumerate(got):
-        tau = int(out.num_accepted[b])
+        tau = int(out.accepted_depth[b])
         assert int(out.next_token[b]) == row[-1]
         assert int(out.accepted_slots[b, tau]) == int(out.accepted_node[b])
         assert (out.accepted_slots[b, tau + 1 :] == -1).all() and (out.emitted[b, tau + 1 :] == -1).all()
@@ -144,7 +144,7 @@ def test_disjoint_supports_never_accept_and_match_spec_ref(method: str, options:
         assert_parity(batch, method, uniforms, seed % 2 == 0, **options)
         target_t, draft_t = batch.tensors()
         out = verify_tree(method, batch.flat, target_t, draft_t, uniforms, **options)
-        assert int(out.num_accepted[0]) == 0 and int(out.next_token[0]) in (0, 1)
+        assert int(out.accepted_depth[0]) == 0 and int(out.next_token[0]) in (0, 1)
 
 
 def test_greedy_follows_the_argmax_with_the_lowest_id_on_ties() -> None:
@@ -162,7 +162,7 @@ def test_deterministic_trees_are_refused_for_sampling_verifiers_but_nss_runs() -
     with pytest.raises(ValueError, match="deterministic"):
         verify_tree("naive_tree", det, target, draft, torch.zeros(1, flat.num_slots, 2))
     out = verify_tree("nss", det, target, draft, torch.full((1, flat.num_slots, 1), 0.1))
-    assert int(out.num_accepted[0]) == 1
+    assert int(out.accepted_depth[0]) == 1
 
 
 @pytest.mark.parametrize(
@@ -221,7 +221,7 @@ __all__ = ["single_thread_torch"]  # the module-scoped one-thread fixture is use
 def test_two_level_inverse_cdf_equals_the_reference_rule_and_never_returns_a_zero_weight(vocab: int) -> None:
     """Vocabularies around and above the chunked threshold (chunk 1024): the index equals
     spec_ref.inverse_cdf except where u * total lies within 1e-6 of a partial sum; zero weights never win."""
-    from spec_fast.verify import _inverse_cdf
+    from spec_fast._sampling import _inverse_cdf
 
     gen = torch.Generator().manual_seed(vocab)
     weights = torch.rand(64, vocab, generator=gen) ** 4
@@ -263,4 +263,4 @@ def test_lone_roots_with_no_draw_column_emit_one_token_from_the_target(method: s
     target = torch.tensor([[[0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0]]])
     uniforms = torch.full((2, 1, uniforms_per_node(method, 0)), 0.5)
     out = verify_tree(method, flat, target, target, uniforms)
-    assert out.num_accepted.tolist() == [0, 0] and out.next_token.tolist() == [1, 2]
+    assert out.accepted_depth.tolist() == [0, 0] and out.next_token.tolist() == [1, 2]

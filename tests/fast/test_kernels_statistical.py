@@ -92,7 +92,7 @@ def _sample(tree: spec_ref.DraftTree, p: np.ndarray, q: np.ndarray, method: str,
     uniforms = draw_uniforms(method, flat, generator, **options)
     out = verify_tree(method, flat, target, draft, uniforms, **options)
     emitted = out.emitted.tolist()
-    taus = out.num_accepted.tolist()
+    taus = out.accepted_depth.tolist()
     return Counter(tuple(emitted[b][: taus[b] + 1]) for b in range(N))
 
 
