@@ -1,9 +1,10 @@
-"""Distillation of the drafts in :mod:`spec_fast.heads` from the target, on CPU, by our own code.
+"""Distillation of the drafts in :mod:`spec_fast.drafts.heads` from the target, on CPU, by our own code.
 
 Pipeline (:func:`train_all`, driven by ``scripts/train_drafts.py``):
 
 1. **data**: the target's own responses to the training prompts of :mod:`spec_fast.drafts.prompts` (chat
-   template): one greedy response and ``samples`` sampled responses (temperature 0.8, fixed torch seed) per prompt, batched HF ``generate``.
+   template): one greedy response and ``samples`` sampled responses (temperature 0.8, fixed torch seed)
+   per prompt, batched HF ``generate``.
 2. **teacher forcing**: one target pass per sequence (prompt + response) records, at every position, the
    final normed hidden state (the feature the LM head reads) and the target's top-``k`` next-token
    log-probabilities.
@@ -13,7 +14,8 @@ Pipeline (:func:`train_all`, driven by ``scripts/train_drafts.py``):
    on the subset); the heads minimise the same loss plus a smooth-L1 feature regression, on two unrolled
    steps (step 1 reads the true previous features, step 2 the features step 1 predicted, as in drafting).
 
-:data:`HELDOUT_PROMPTS` are never used here; they are the evaluation set of ``bench/drafts.py``.
+The held-out prompts (:data:`spec_fast.drafts.prompts.HELDOUT_PROMPTS`) are never used here; they are the
+evaluation set of ``bench/drafts.py``.
 Everything is deterministic on CPU for a fixed seed and thread count.
 """
 
@@ -28,11 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
-from spec_fast.heads import FeatureHead, SubsetHead, distilled_model, distilled_state
+from spec_fast.drafts.heads import FeatureHead, SubsetHead, distilled_model, distilled_state
 
 __all__ = [
-    "TRAIN_PROMPTS", "HELDOUT_PROMPTS", "synthetic_prompts", "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
+    "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
     "vocabulary_subset", "train_distilled", "train_head", "heldout_agreement", "save_weights",
 ]
 
@@ -250,7 +251,7 @@ def train_distilled(
     target: Any, data: TeacherData, vocab_ids: torch.Tensor, config: TrainConfig,
     init_layers: tuple[int, ...] = (0,), progress: Progress | None = None,
 ) -> Any:
-    """Train a :func:`~spec_fast.heads.distilled_model` (returns the model, float32, eval mode)."""
+    """Train a :func:`~spec_fast.drafts.heads.distilled_model` (returns the model, float32, eval mode)."""
     torch.manual_seed(config.seed)
     draft = distilled_model(target, vocab_ids, init_layers)
     params = [p for n, p in draft.named_parameters() if n.startswith(("model.layers.", "model.norm."))]
@@ -285,7 +286,7 @@ def train_head(
     target: Any, kind: str, data: TeacherData, vocab_ids: torch.Tensor, config: TrainConfig,
     progress: Progress | None = None,
 ) -> FeatureHead:
-    """Train a :class:`~spec_fast.heads.FeatureHead` of ``kind`` (two unrolled steps, module docstring)."""
+    """Train a :class:`~spec_fast.drafts.heads.FeatureHead` of ``kind`` (two unrolled steps, module docstring)."""
     torch.manual_seed(config.seed + (1 if kind == "eagle" else 2))
     head = FeatureHead(target, kind, vocab_ids)
     head.init_from_target(target)
