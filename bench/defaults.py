@@ -1,6 +1,6 @@
 """Is the CLI's default strategy ever slower than plain decoding? SmolLM2 greedy, three workloads, one run.
 
-Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec_fast.training``, never
+Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec_fast.drafts.prompts``, never
 in the retrieval datastore), ``input-grounded`` (summarise, rewrite, extract or continue a passage given in
 the prompt), ``long`` (a ~600-token document followed by a question about it). Configurations: plain
 decoding (``ar``) and the default ``retrieval`` draft with ``chain:1``, ``chain:2`` and ``chain:2+adaptive``.
@@ -30,10 +30,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
-from spec_fast.heads import load_drafter  # noqa: E402
+from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
-from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 
 PASSAGE = (
     "The city library opened a new branch in the old railway station last spring. The building had stood "

@@ -1,11 +1,11 @@
-"""Held-out benchmark of the trained drafts (spec_fast.heads) on SmolLM2-135M-Instruct, CPU, in one run.
+"""Held-out benchmark of the trained drafts (spec_fast.drafts.heads) on SmolLM2-135M-Instruct, CPU, in one run.
 
 For each committed draft (``distilled``, ``eagle``, ``rnn``, the model-free ``retrieval`` draft and the
 ``rnn+retrieval`` hybrid) and each strategy (chain, top-k tree, DynaTree,
 delayed tree), at greedy and at T = 0.7 / top-p 0.9: acceptance rate by depth, block efficiency (tokens per
 target pass) and tokens/s, next to AR decoding (our engine and HF ``generate``) and HF assisted generation
 with the same ``distilled`` draft (HF cannot drive the feature heads). Prompts are
-``spec_fast.training.HELDOUT_PROMPTS`` (never used in training). Configurations are interleaved prompt by
+``spec_fast.drafts.prompts.HELDOUT_PROMPTS`` (never used in training). Configurations are interleaved prompt by
 prompt, so slow phases of the shared machine hit all of them alike. Greedy outputs are checked token for
 token against AR (``identical`` column). Writes ``bench/results/drafts.{json,md,png}``.
 
@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench._common import hf_generate, write_results  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
-from spec_fast.heads import DRAFT_NAMES, load_drafter  # noqa: E402
+from spec_fast.drafts.heads import DRAFT_NAMES, load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
-from spec_fast.training import HELDOUT_PROMPTS  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 
 #: (strategy, sampling verifier); greedy runs use exact greedy verification
 #: short chains and small trees suit this CPU (a target pass over 4+ tokens costs >= 1.5x one over 1-3:
@@ -52,7 +52,7 @@ def _agreements(names: list[str]) -> str:
     """``name: a1, a2`` for every draft whose weights carry ``heldout_agreement`` (scripts/train_drafts.py)."""
     from safetensors import safe_open
 
-    from spec_fast.heads import weights_path
+    from spec_fast.drafts.heads import weights_path
 
     parts = []
     for name in names:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                   "eagle = feature head (1 decoder layer); rnn = feature head (MLP, no attention); retrieval = "
                   "suffix matches in the row's own text and in weights/datastore.npz (no model); rnn+retrieval = "
                   "retrieval where its match has >= 3 tokens, rnn elsewhere",
-        "prompts": f"{len(prompts)} held-out prompts (spec_fast.training.HELDOUT_PROMPTS)", "max_new_tokens": new,
+        "prompts": f"{len(prompts)} held-out prompts (spec_fast.drafts.prompts.HELDOUT_PROMPTS)", "max_new_tokens": new,
         "batch_size": 1, "threads": args.threads, "device": "cpu", "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(), "torch": torch.__version__,
         "command": "python bench/drafts.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -24,7 +24,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench._common import hf_generate, write_results  # noqa: E402
-from spec_fast.drafters import EarlyExitDrafter  # noqa: E402
+from spec_fast.drafts.model import EarlyExitDrafter  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402

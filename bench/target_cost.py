@@ -155,7 +155,7 @@ STEP_PARTS = {
 
 def step_breakdown(model: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
     """Seconds per generated token by part of a speculative run (default draft and strategy, greedy)."""
-    from spec_fast.heads import load_drafter
+    from spec_fast.drafts.heads import load_drafter
 
     decoder = SpeculativeDecoder(model, load_drafter("retrieval", model), parse_strategy(DEFAULT_STRATEGY))
     decoder.generate([prompts[0]], max_new_tokens=4)

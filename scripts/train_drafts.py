@@ -1,14 +1,14 @@
-"""Train the committed drafts of spec_fast.heads (distilled, eagle, rnn) from SmolLM2-135M-Instruct on CPU.
+"""Train the committed drafts of spec_fast.drafts.heads (distilled, eagle, rnn) from SmolLM2-135M-Instruct on CPU.
 
 Reproduce the committed weights (spec_fast/weights/*.safetensors) and the retrieval draft's datastore
 (spec_fast/weights/datastore.npz: the target's responses to the training prompts, no training) with exactly:
 
     python scripts/train_drafts.py
 
-(defaults: the 120 hand-written training prompts plus 1400 synthetic ones (spec_fast.training.synthetic_prompts),
+(defaults: the 120 hand-written training prompts plus 1400 synthetic ones (spec_fast.drafts.prompts.synthetic_prompts),
 one greedy response of <= 128 tokens each, top-32 teacher, 8192-token draft vocabulary, TrainConfig's steps x 8
 sequences per draft, seed 0, 1 torch thread; see the docstring of TrainConfig for the measured time).
-The held-out prompts (spec_fast.training.HELDOUT_PROMPTS) are never read.
+The held-out prompts (spec_fast.drafts.prompts.HELDOUT_PROMPTS) are never read.
 ``--steps N``, ``--prompts N`` and ``--synthetic N`` shrink the run for smoke tests; ``--out DIR`` writes
 elsewhere; ``--data-cache FILE`` keeps the teacher data (generated once, reloaded by later runs with the same
 data flags) so that the training half can be rerun alone.
@@ -28,23 +28,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from spec_fast.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
-from spec_fast.models import load_model  # noqa: E402
-from spec_fast.retrieval import datastore_sequences, save_datastore  # noqa: E402
-from spec_fast.training import (  # noqa: E402
-    HELDOUT_PROMPTS,
-    TRAIN_PROMPTS,
+from spec_fast.drafts.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts  # noqa: E402
+from spec_fast.drafts.retrieval import datastore_sequences, save_datastore  # noqa: E402
+from spec_fast.drafts.training import (  # noqa: E402
     TeacherData,
     TrainConfig,
     generate_responses,
     heldout_agreement,
     save_weights,
-    synthetic_prompts,
     teacher_forcing,
     train_distilled,
     train_head,
     vocabulary_subset,
 )
+from spec_fast.models import load_model  # noqa: E402
 
 
 def load_data_cache(path: str) -> dict[str, Any]:
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     # the retrieval draft's datastore: the target's responses to the training prompts (no training)
     save_datastore(os.path.join(args.out, "datastore.npz"), datastore_sequences(pairs),
                    {"command": "python scripts/train_drafts.py", "sequences": str(len(pairs)),
-                    "prompts": "TRAIN_PROMPTS + synthetic_prompts (spec_fast.training)"})
+                    "prompts": "TRAIN_PROMPTS + synthetic_prompts (spec_fast.drafts.prompts)"})
     meta_common = {
         "command": "python scripts/train_drafts.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
         "config": json.dumps(config.__dict__, sort_keys=True),

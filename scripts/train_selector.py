@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from spec_fast.heads import WEIGHTS_DIR  # noqa: E402
+from spec_fast.drafts.heads import WEIGHTS_DIR  # noqa: E402
 from spec_fast.selector_training import (  # noqa: E402
     TrainSettings,
     describe_actions,

@@ -26,17 +26,17 @@ _EXPORTS: dict[str, str] = {
     "solver_branching": "spec_fast.kernels",
     "solver_acceptance": "spec_fast.kernels",
     # the decoding engine
-    "Drafter": "spec_fast.drafters",
-    "EarlyExitDrafter": "spec_fast.drafters",
-    "ModelDrafter": "spec_fast.drafters",
-    "early_exit_model": "spec_fast.drafters",
+    "Drafter": "spec_fast.drafts.model",
+    "EarlyExitDrafter": "spec_fast.drafts.model",
+    "ModelDrafter": "spec_fast.drafts.model",
+    "early_exit_model": "spec_fast.drafts.model",
     "GenerationResult": "spec_fast.engine",
     "SamplingParams": "spec_fast.decoding",
     "DecodeState": "spec_fast.engine",
     "SpeculativeDecoder": "spec_fast.engine",
     "verify_greedy": "spec_fast.verify",
     # dual drafts (seed 000 routing, seed 001 merged tree)
-    "DualDrafter": "spec_fast.dual",
+    "DualDrafter": "spec_fast.drafts.dual",
     "TreeKVCache": "spec_fast.kv_cache",
     "GenerationMetrics": "spec_fast.metrics",
     "chat_prompt_ids": "spec_fast.models",
@@ -44,12 +44,12 @@ _EXPORTS: dict[str, str] = {
     "Strategy": "spec_fast.strategies",
     "parse_strategy": "spec_fast.strategies",
     # trained drafts (distilled model, eagle and rnn feature heads)
-    "DRAFT_NAMES": "spec_fast.heads",
-    "FeatureHead": "spec_fast.heads",
-    "HeadDrafter": "spec_fast.heads",
-    "load_distilled": "spec_fast.heads",
-    "load_drafter": "spec_fast.heads",
-    "load_head": "spec_fast.heads",
+    "DRAFT_NAMES": "spec_fast.drafts.heads",
+    "FeatureHead": "spec_fast.drafts.heads",
+    "HeadDrafter": "spec_fast.drafts.heads",
+    "load_distilled": "spec_fast.drafts.heads",
+    "load_drafter": "spec_fast.drafts.heads",
+    "load_head": "spec_fast.drafts.heads",
     # one call for text
     "generate": "spec_fast.api",
     "Completion": "spec_fast.api",
@@ -80,11 +80,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from spec_fast.api import Completion, generate
     from spec_fast.decoding import SamplingParams, decoding_operator
-    from spec_fast.drafters import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
-    from spec_fast.dual import DualDrafter
+    from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
+    from spec_fast.drafts.dual import DualDrafter
     from spec_fast.engine import DecodeState, GenerationResult, SpeculativeDecoder
     from spec_fast.flat_tree import FlatTree
-    from spec_fast.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
+    from spec_fast.drafts.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
     from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
     from spec_fast.kv_cache import TreeKVCache
     from spec_fast.metrics import GenerationMetrics

@@ -168,7 +168,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     calls with the same model, dtype, device, draft and strategy."""
     import torch
 
-    from spec_fast.drafters import Drafter
+    from spec_fast.drafts.model import Drafter
     from spec_fast.engine import SpeculativeDecoder
     from spec_fast.models import load_model
 
@@ -197,7 +197,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
                         for name, source in zip(settings.draft.split(","), settings.draft_models)]
             drafter = drafters[0]
             if len(drafters) == 2:
-                from spec_fast.dual import DualDrafter
+                from spec_fast.drafts.dual import DualDrafter
 
                 drafter = DualDrafter(drafters[0], drafters[1], mode=str(settings.dual))
         loaded.decoders[decoder_key] = SpeculativeDecoder(loaded.model, drafter, settings.strategy)
@@ -207,7 +207,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
 def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settings: GenerateSettings,
                   notify: Callable[[str], None] | None) -> Any:
     """One drafter by its checked name (``source``: the draft model's location, for model drafts)."""
-    from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
+    from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
     from spec_fast.models import load_model
 
     if name.startswith("early-exit:"):
@@ -216,7 +216,7 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
         draft_model, _ = load_model(source.path, dtype=settings.dtype, device=settings.device,
                                     gguf_file=source.gguf_file, notify=notify)
         return ModelDrafter(draft_model)
-    from spec_fast.heads import load_drafter
+    from spec_fast.drafts.heads import load_drafter
 
     return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
 

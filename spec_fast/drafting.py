@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from spec_fast.drafters import Drafter
+from spec_fast.drafts.model import Drafter
 from spec_fast.flat_tree import FlatTree
 from spec_ref.dynatree import DynaTreeParams, branch_count, expands
 

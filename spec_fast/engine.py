@@ -4,8 +4,8 @@ One step, batched over ``B`` rows (each row = one prompt), one method per phase:
 
 1. **draft** (:meth:`SpeculativeDecoder._draft_phase`): each drafter first consumes the row's *pending*
    tokens (committed tokens its cache lacks, ending with the *root token*, the last committed token), then
-   a :mod:`spec_fast.drafting` builder grows the tree; a :class:`~spec_fast.dual.DualDrafter` drafts with
-   both heads and merges or routes their trees (:mod:`spec_fast.dual`).
+   a :mod:`spec_fast.drafting` builder grows the tree; a :class:`~spec_fast.drafts.dual.DualDrafter` drafts with
+   both heads and merges or routes their trees (:mod:`spec_fast.drafts.dual`).
 2. **target** (:meth:`~SpeculativeDecoder._target_phase`): one batched pass over the whole tree (slot 0 =
    root token, then the drafted nodes) with the ancestor mask and depth positions -> logits ``[B, N, V]``.
    The prefill runs the whole prompt, so the first step takes the root's logits from it and forwards the
@@ -38,11 +38,11 @@ import torch
 
 from spec_fast.adaptive import AdaptiveController
 from spec_fast.decoding import SamplingParams, sampling_probs
-from spec_fast.drafters import Drafter
+from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import (
     DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
-from spec_fast.dual import DualDraft, DualDrafter, merge_trees, route, union_tree
+from spec_fast.drafts.dual import DualDraft, DualDrafter, merge_trees, route, union_tree
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
@@ -114,7 +114,7 @@ class _Verified:
 class SpeculativeDecoder:
     """Speculative decoding of an HF causal LM ``target`` with a ``drafter`` under a :class:`Strategy`.
 
-    ``drafter`` may be None only for ``Strategy(shape="ar")``; a :class:`~spec_fast.dual.DualDrafter`
+    ``drafter`` may be None only for ``Strategy(shape="ar")``; a :class:`~spec_fast.drafts.dual.DualDrafter`
     needs a ``chain`` or ``topk`` strategy (each head drafts that deterministic tree). Target and drafter
     must share the vocabulary. ``generate`` takes a batch of token-id prompts (ragged allowed).
     """

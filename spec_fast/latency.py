@@ -5,7 +5,7 @@ Eq. (11) prices an action ``(K, L1, L2)`` at context length ``l`` with the measu
 Here those times are *measured at run time* (never hard-coded):
 
 1. :func:`measure_pass_times` runs one model through the engine's own cache
-   (:class:`~spec_fast.kv_cache.TreeKVCache`, via the :class:`~spec_fast.drafters.Drafter` interface):
+   (:class:`~spec_fast.kv_cache.TreeKVCache`, via the :class:`~spec_fast.drafts.model.Drafter` interface):
    for each context length ``c`` of a small grid it prefills ``c`` random tokens, then times forwards of
    ``w`` block entries (the width of a draft level or of a target pass over a tree) behind that context,
    dropping them after each pass. One untimed pass warms the model up first; each point is the median of
@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from spec_fast.drafters import Drafter
+from spec_fast.drafts.model import Drafter
 from spec_ref.selector import Action, latency_table
 
 __all__ = ["PassTime", "PassTimeFit", "LatencyModel", "measure_pass_times", "fit_pass_time", "measure_latency",
@@ -141,7 +141,7 @@ def measure_pass_times(
 ) -> list[PassTime]:
     """Median wall time of a forward over ``w`` tree entries behind ``c`` cached tokens, for every
     ``(c, w)`` in ``contexts x widths`` (batch 1). ``model`` is any drafter (wrap a target in
-    :class:`~spec_fast.drafters.ModelDrafter`). Token ids are random in ``[0, vocab_size)``."""
+    :class:`~spec_fast.drafts.model.ModelDrafter`). Token ids are random in ``[0, vocab_size)``."""
     if not contexts or not widths or min(contexts) < 1 or min(widths) < 1:
         raise ValueError(f"contexts and widths must be non-empty lists of integers >= 1, got {contexts!r}, {widths!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:

@@ -37,7 +37,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 #: process held a core of this 2-core machine (bench/results/threads.md), while one thread loses little
 #: on an idle machine.
 DEFAULT_THREADS = 1
-#: Drafts loaded by name (the same names as :data:`spec_fast.heads.DRAFTER_NAMES`, kept here so that
+#: Drafts loaded by name (the same names as :data:`spec_fast.drafts.heads.DRAFTER_NAMES`, kept here so that
 #: checking a name does not import torch; a test keeps the two equal).
 NAMED_DRAFTS = ("distilled", "eagle", "rnn", "heads", "retrieval", "distilled+retrieval", "eagle+retrieval",
                 "rnn+retrieval")
@@ -193,7 +193,7 @@ def resolve_settings(
     ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
     with a named draft and ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
-    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge`` or ``route``, :class:`spec_fast.dual.DualDrafter`).
+    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge`` or ``route``, :class:`spec_fast.drafts.dual.DualDrafter`).
     """
     t = temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):

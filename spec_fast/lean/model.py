@@ -12,7 +12,7 @@ attention scaling, tabulated once) -> grouped-query attention over the cache wit
 output product -> residual; RMSNorm -> one fused gate/up product -> SiLU(gate) * up -> down product ->
 residual. Activations stay float32; only the weights change with ``weights`` (:mod:`spec_fast.lean.quant`).
 The module layout (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``) is HF's, so
-:func:`spec_fast.drafters.early_exit_model` builds an early-exit draft from a LeanLlama unchanged.
+:func:`spec_fast.drafts.model.early_exit_model` builds an early-exit draft from a LeanLlama unchanged.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.heads import FeatureHead, HeadDrafter, SubsetHead, distilled_model
-from spec_fast.drafters import ModelDrafter
+from spec_fast.drafts.heads import FeatureHead, HeadDrafter, SubsetHead, distilled_model
+from spec_fast.drafts.model import ModelDrafter
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama
 
@@ -102,7 +102,7 @@ def test_feature_head_rejects_a_forward_without_staged_features(target: Any) -> 
 
 
 def test_unknown_head_kind_and_draft_name_are_rejected_by_name(target: Any) -> None:
-    from spec_fast.heads import load_drafter, weights_path
+    from spec_fast.drafts.heads import load_drafter, weights_path
 
     with pytest.raises(ValueError, match="kind='medusa'"):
         FeatureHead(target, "medusa", VOCAB_SUBSET)

@@ -1,4 +1,4 @@
-"""Retrieval drafting (spec_fast.retrieval): the suffix index and the own-text matcher against brute force,
+"""Retrieval drafting (spec_fast.drafts.retrieval): the suffix index and the own-text matcher against brute force,
 the drafter's laws on a tree, the datastore file, exact greedy output through the engine, bad input."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.heads import HeadDrafter
-from spec_fast.retrieval import (
+from spec_fast.drafts.heads import HeadDrafter
+from spec_fast.drafts.retrieval import (
     HybridDrafter,
     RetrievalDrafter,
     SuffixIndex,

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.heads import DRAFT_NAMES, WEIGHTS_DIR, HeadDrafter, load_drafter, weights_path
-from spec_fast.drafters import ModelDrafter
-from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS, TrainConfig
+from spec_fast.drafts.heads import DRAFT_NAMES, WEIGHTS_DIR, HeadDrafter, load_drafter, weights_path
+from spec_fast.drafts.model import ModelDrafter
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
+from spec_fast.drafts.training import TrainConfig
 
 
 def _normal(text: str) -> str:
@@ -27,7 +28,7 @@ def test_held_out_prompts_are_disjoint_from_training_prompts() -> None:
 
 
 def test_synthetic_training_prompts_are_distinct_and_never_held_out() -> None:
-    from spec_fast.training import synthetic_prompts
+    from spec_fast.drafts.prompts import synthetic_prompts
 
     synthetic = synthetic_prompts(TrainConfig().synthetic_prompts, TrainConfig().seed)
     normal = {_normal(p) for p in synthetic}
@@ -56,7 +57,7 @@ def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> No
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["distilled", "heads", "eagle", "rnn", "retrieval", "rnn+retrieval"])
 def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target: Any, name: str) -> None:
-    from spec_fast.retrieval import HybridDrafter, RetrievalDrafter
+    from spec_fast.drafts.retrieval import HybridDrafter, RetrievalDrafter
 
     target, _ = smollm2_target
     drafter = load_drafter(name, target)
@@ -70,7 +71,7 @@ def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target:
 @pytest.mark.model
 def test_committed_datastore_holds_the_targets_replies_to_training_prompts_only(smollm2_target: Any) -> None:
     from spec_fast.models import chat_prompt_ids
-    from spec_fast.retrieval import ASSISTANT_HEADER_TOKENS, load_datastore
+    from spec_fast.drafts.retrieval import ASSISTANT_HEADER_TOKENS, load_datastore
 
     _, tokenizer = smollm2_target
     sequences, meta = load_datastore()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.training import TrainConfig, teacher_forcing, train_distilled, train_head, vocabulary_subset
+from spec_fast.drafts.training import TrainConfig, teacher_forcing, train_distilled, train_head, vocabulary_subset
 from tests.engine.models import tiny_llama
 
 PAIRS = [([1, 5, 7, 9], [3, 11, 2, 60, 7, 7]), ([4, 2], [8, 8, 8, 1, 9]), ([60, 61, 3], [2, 4, 6, 8, 10, 12, 14])]
@@ -54,8 +54,8 @@ def test_vocabulary_subset_keeps_special_ids_and_the_most_frequent_tokens(setup:
 def test_heldout_agreement_is_one_for_the_target_itself_and_counts_only_response_positions(
     setup: tuple[Any, Any, torch.Tensor],
 ) -> None:
-    from spec_fast.heads import FeatureHead
-    from spec_fast.training import heldout_agreement
+    from spec_fast.drafts.heads import FeatureHead
+    from spec_fast.drafts.training import heldout_agreement
 
     target, data, vocab_ids = setup
     assert heldout_agreement(target, data) == [1.0]  # the teacher agrees with itself at every position

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.adaptive import AdaptiveController
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.strategies import parse_strategy

@@ -101,7 +101,7 @@ def test_the_settings_accept_exactly_the_sampling_values_of_the_engine(field: st
 
 def test_the_draft_names_match_the_loader_and_the_api_defaults_match_the_cli() -> None:
     from spec_fast.cli import build_parser
-    from spec_fast.heads import DRAFTER_NAMES
+    from spec_fast.drafts.heads import DRAFTER_NAMES
 
     assert set(NAMED_DRAFTS) == set(DRAFTER_NAMES)
     args = vars(build_parser().parse_args(["generate", "x"]))
@@ -167,7 +167,7 @@ def test_without_stop_strings_every_character_is_streamed_once() -> None:
 
 
 def test_a_true_from_on_tokens_ends_generation_after_that_step() -> None:
-    from spec_fast.drafters import EarlyExitDrafter
+    from spec_fast.drafts.model import EarlyExitDrafter
     from spec_fast.engine import SpeculativeDecoder
     from spec_fast.strategies import parse_strategy
     from tests.engine.models import tiny_llama

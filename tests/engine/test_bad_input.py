@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_fast.drafters import EarlyExitDrafter, ModelDrafter, early_exit_model
+from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter, early_exit_model
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.models import chat_prompt_ids, parse_dtype
 from spec_fast.strategies import Strategy, parse_strategy

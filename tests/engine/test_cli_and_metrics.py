@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spec_fast.cli import build_parser, main
-from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
+from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy
 from tests.engine.models import tiny_llama
@@ -32,7 +32,7 @@ def test_the_parser_defaults_follow_the_documented_conventions() -> None:
     assert (args.temperature, args.top_k, args.top_p, args.dtype, args.device) == (0.0, 0, 1.0, "float32", "cpu")
     assert args.draft is None and args.strategy is None  # resolved by main(): retrieval for SmolLM2, else early exit
     from spec_fast.cli import DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT
-    from spec_fast.heads import DRAFTER_NAMES
+    from spec_fast.drafts.heads import DRAFTER_NAMES
 
     assert DEFAULT_DRAFT in DRAFTER_NAMES and DEFAULT_CUSTOM_DRAFT.startswith("early-exit:")
     assert parse_strategy(DEFAULT_STRATEGY).drafts

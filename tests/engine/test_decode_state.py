@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from spec_fast.decoding import SamplingParams
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama

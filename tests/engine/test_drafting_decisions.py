@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.flat_tree import FlatTree
 from spec_fast.strategies import parse_strategy
@@ -92,7 +92,7 @@ def _retrieval_model(drafter: Any, prompt: list[int]) -> Any:
 
 @pytest.mark.parametrize("depth,top_k,budget", [(2, 2, 1), (3, 2, 2), (3, 3, 4), (3, 2, 5), (2, 3, 3)])
 def test_topk_trees_with_ties_and_point_masses_equal_the_reference_rule(depth: int, top_k: int, budget: int) -> None:
-    from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
+    from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 
     drafter = RetrievalDrafter(SuffixIndex(_TIE_SEQS, 16, 4), 16, 4)
     prompt = [11, 9]
@@ -105,7 +105,7 @@ def test_dynatree_trees_with_ties_equal_the_reference_rule(d0: int, dmax: int, b
     """Exact ties in the retrieval law (tokens 5 and 7 both follow 9 twice): DynaTree's branching takes
     the tied children lowest id first, like the reference; a highest-id tie rule changes the draw order
     (and, at a budget cut, the tree)."""
-    from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
+    from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 
     drafter = RetrievalDrafter(SuffixIndex(_TIE_SEQS, 16, 4), 16, 4)
     prompt = [11, 9]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.dual import DualDrafter
+from spec_fast.drafts.dual import DualDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.test_sampling_statistical import (

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from spec_ref.dynatree import DynaTreeHistory, draft_dynatree, update_history

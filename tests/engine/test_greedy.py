@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter, ModelDrafter, early_exit_model
+from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter, early_exit_model
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_gpt2, tiny_llama
@@ -107,13 +107,13 @@ def _no_cache_greedy(model: Any, prompt: list[int], new: int) -> list[int]:
 
 @pytest.mark.model
 def test_smollm2_near_tie_where_hf_generate_and_a_full_forward_disagree(smollm2: Any) -> None:
-    """Held-out prompt 0 of spec_fast.training: after 20 greedy tokens the target's two best logits are
+    """Held-out prompt 0 of spec_fast.drafts.training: after 20 greedy tokens the target's two best logits are
     21.6388 and 21.6380 (gap 8e-4 in float32). HF ``generate`` (incremental KV-cache path) picks the second,
     a full forward of the same text picks the first; our engine agrees with the full forward, for AR and
     speculative decoding alike. "Identical to HF generate" can therefore fail on such near-ties while the
     engine is exact; tests judge drafts against the target decoded alone."""
     from spec_fast.models import chat_prompt_ids
-    from spec_fast.training import HELDOUT_PROMPTS
+    from spec_fast.drafts.prompts import HELDOUT_PROMPTS
 
     model, tokenizer = smollm2
     prompt = chat_prompt_ids(tokenizer, HELDOUT_PROMPTS[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.strategies import MAX_TREE_NODES, parse_strategy
 from tests.engine.models import tiny_llama

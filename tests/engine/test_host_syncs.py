@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter, ModelDrafter
-from spec_fast.dual import DualDrafter
+from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
+from spec_fast.drafts.dual import DualDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from spec_fast.drafters import EarlyExitDrafter, early_exit_model
+from spec_fast.drafts.model import EarlyExitDrafter, early_exit_model
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.lean import KINDS, LeanLinear, LeanLlama
@@ -209,7 +209,7 @@ def test_lean_refuses_other_architectures_and_early_exit_rejects_bad_depths() ->
 @pytest.mark.model
 def test_smollm2_lean_int8_greedy_speculative_output_equals_its_plain_decoding(smollm2: Any) -> None:
     """On the real model near-tie argmaxes are common; float32 attention made this fail (spec_fast.lean.model)."""
-    from spec_fast.heads import load_drafter
+    from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids
 
     model, tokenizer = smollm2

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
-from spec_fast.retrieval import RetrievalDrafter, SuffixIndex
+from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.strategies import parse_strategy
 from spec_ref.decoding import decoding_operator as reference_operator
 from tests.engine.models import tiny_llama
@@ -83,7 +83,7 @@ def _counts(decoder: SpeculativeDecoder, name: str, tokens: int) -> np.ndarray:
     return counts
 
 
-#: a retrieval draft (spec_fast.retrieval): sparse laws with exact zeros and point masses, far from the target
+#: a retrieval draft (spec_fast.drafts.retrieval): sparse laws with exact zeros and point masses, far from the target
 RETRIEVAL = RetrievalDrafter(SuffixIndex([[1, 2, 3, 4, 4, 5], [3, 0, 7], [2, 3, 4, 1, 6], [4, 4, 4]], VOCAB, 4), VOCAB, 4)
 RETRIEVAL_STRATEGIES = [("chain:2", "naive"), ("iid:2x2", "specinfer"), ("topk:2,2,4", "nss"), ("chain:2", "traversal")]
 

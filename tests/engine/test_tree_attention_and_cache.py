@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from spec_fast.drafters import EarlyExitDrafter
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.strategies import parse_strategy

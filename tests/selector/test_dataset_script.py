@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from spec_fast.kv_cache import TreeKVCache
-from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS, TrainConfig, synthetic_prompts
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
+from spec_fast.drafts.training import TrainConfig
 from tests.engine.models import tiny_llama
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "selector_dataset.py")

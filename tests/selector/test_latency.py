@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.drafters import ModelDrafter
+from spec_fast.drafts.model import ModelDrafter
 from spec_fast.latency import (
     LatencyModel,
     PassTime,

@@ -1,6 +1,6 @@
 """Trained drafts for the default target: a distilled one-layer draft model and two draft heads.
 
-Three drafts, trained by :mod:`spec_fast.training` (``python scripts/train_drafts.py``) and committed as
+Three drafts, trained by :mod:`spec_fast.drafts.training` (``python scripts/train_drafts.py``) and committed as
 safetensors under ``spec_fast/weights/`` (only the new weights; the target's embedding and LM head are
 shared, frozen, and never saved):
 
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_fast.drafters import Drafter, finish_draft_model, truncated_config
+from spec_fast.drafts.model import Drafter, finish_draft_model, truncated_config
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 
 #: Names of the committed drafts (``spec_fast/weights/<name>.safetensors``).
 DRAFT_NAMES = ("distilled", "eagle", "rnn")
-WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
+WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights")
 
 
 def weights_path(name: str, directory: str | None = None) -> str:
@@ -296,7 +296,7 @@ class HeadState:
 class HeadDrafter(Drafter):
     """A :class:`FeatureHead` as a drafter that advances from the verifier's accepted hidden states.
 
-    Protocol with the engine (in addition to :class:`~spec_fast.drafters.Drafter`):
+    Protocol with the engine (in addition to :class:`~spec_fast.drafts.model.Drafter`):
     ``wants_target_hidden = True``, and after every target pass that commits entries the engine calls
     ``observe_target(state, target_hidden [B, N, H], keep [B, C], counts [B])`` with the target's final
     normed hidden states of that pass and the committed entries ``keep[b, :counts[b]]`` in order (the
@@ -394,13 +394,13 @@ DRAFTER_NAMES = DRAFT_NAMES + ("heads", "retrieval") + tuple(f"{n}+retrieval" fo
 
 
 def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafter:
-    """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafters.ModelDrafter`), ``eagle`` or
+    """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafts.model.ModelDrafter`), ``eagle`` or
     ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head; ``retrieval``
-    (:class:`~spec_fast.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
-    ``<draft>+retrieval`` (:class:`~spec_fast.retrieval.HybridDrafter`: retrieval where its match is at
+    (:class:`~spec_fast.drafts.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
+    ``<draft>+retrieval`` (:class:`~spec_fast.drafts.retrieval.HybridDrafter`: retrieval where its match is at
     least 3 tokens long, the draft elsewhere)."""
-    from spec_fast.drafters import ModelDrafter
-    from spec_fast.retrieval import DATASTORE_PATH, HybridDrafter, load_retrieval_drafter
+    from spec_fast.drafts.model import ModelDrafter
+    from spec_fast.drafts.retrieval import DATASTORE_PATH, HybridDrafter, load_retrieval_drafter
 
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     datastore = os.path.join(directory, "datastore.npz") if directory else DATASTORE_PATH

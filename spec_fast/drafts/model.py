@@ -8,7 +8,7 @@ engine needs, all batched over ``B`` rows:
   (tree attention, depth-based positions);
 * :meth:`Drafter.commit` — keep exactly the accepted entries (gathered in place).
 
-A drafter that sets ``wants_target_hidden = True`` (the trained heads of :mod:`spec_fast.heads`) gets
+A drafter that sets ``wants_target_hidden = True`` (the trained heads of :mod:`spec_fast.drafts.heads`) gets
 :meth:`Drafter.observe_target` calls with the target's final hidden states after the prompt prefill and
 after every step, plus the committed entries (the accepted path, root first): the hook through which
 draft heads advance from the verifier's accepted hidden states (seed 000 (docs/papers.md) section 7). It is a no-op here.

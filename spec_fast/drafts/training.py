@@ -1,9 +1,10 @@
-"""Distillation of the drafts in :mod:`spec_fast.heads` from the target, on CPU, by our own code.
+"""Distillation of the drafts in :mod:`spec_fast.drafts.heads` from the target, on CPU, by our own code.
 
 Pipeline (:func:`train_all`, driven by ``scripts/train_drafts.py``):
 
-1. **data**: the target's own responses to :data:`TRAIN_PROMPTS` (chat template): one greedy response and
-   ``samples`` sampled responses (temperature 0.8, fixed torch seed) per prompt, batched HF ``generate``.
+1. **data**: the target's own responses to the training prompts of :mod:`spec_fast.drafts.prompts` (chat
+   template): one greedy response and ``samples`` sampled responses (temperature 0.8, fixed torch seed)
+   per prompt, batched HF ``generate``.
 2. **teacher forcing**: one target pass per sequence (prompt + response) records, at every position, the
    final normed hidden state (the feature the LM head reads) and the target's top-``k`` next-token
    log-probabilities.
@@ -13,7 +14,8 @@ Pipeline (:func:`train_all`, driven by ``scripts/train_drafts.py``):
    on the subset); the heads minimise the same loss plus a smooth-L1 feature regression, on two unrolled
    steps (step 1 reads the true previous features, step 2 the features step 1 predicted, as in drafting).
 
-:data:`HELDOUT_PROMPTS` are never used here; they are the evaluation set of ``bench/drafts.py``.
+The held-out prompts (:data:`spec_fast.drafts.prompts.HELDOUT_PROMPTS`) are never used here; they are the
+evaluation set of ``bench/drafts.py``.
 Everything is deterministic on CPU for a fixed seed and thread count.
 """
 
@@ -28,211 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_fast.heads import FeatureHead, SubsetHead, distilled_model, distilled_state
+from spec_fast.drafts.heads import FeatureHead, SubsetHead, distilled_model, distilled_state
 
 __all__ = [
-    "TRAIN_PROMPTS", "HELDOUT_PROMPTS", "synthetic_prompts", "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
+    "TeacherData", "TrainConfig", "generate_responses", "teacher_forcing",
     "vocabulary_subset", "train_distilled", "train_head", "heldout_agreement", "save_weights",
 ]
-
-#: Prompts whose target responses are the training data (never used for evaluation).
-TRAIN_PROMPTS: tuple[str, ...] = (
-    "What is the capital of France?",
-    "Explain photosynthesis in simple terms.",
-    "Write a short poem about the sea.",
-    "How do I make a cup of tea?",
-    "What are the benefits of regular exercise?",
-    "Give me three tips for studying effectively.",
-    "What is a prime number?",
-    "Describe the water cycle.",
-    "Write a haiku about autumn leaves.",
-    "How does a bicycle work?",
-    "What is the difference between weather and climate?",
-    "Tell me a fun fact about octopuses.",
-    "How can I improve my sleep?",
-    "What is machine learning?",
-    "Explain what a variable is in programming.",
-    "Write a Python function that reverses a string.",
-    "What causes the seasons on Earth?",
-    "Summarize the story of Cinderella in three sentences.",
-    "What is the boiling point of water at sea level?",
-    "Give me a recipe for pancakes.",
-    "Why is the sky blue?",
-    "What are the planets in our solar system?",
-    "How do vaccines work?",
-    "Write a short story about a robot who learns to paint.",
-    "What is the Pythagorean theorem?",
-    "Explain the difference between a list and a tuple in Python.",
-    "How do I write a good cover letter?",
-    "What is inflation in economics?",
-    "Name five animals that live in the desert.",
-    "What is the role of the heart in the human body?",
-    "Write a limerick about a cat.",
-    "How do plants get water from the soil?",
-    "What is gravity?",
-    "Give me a list of healthy breakfast ideas.",
-    "Explain what an API is.",
-    "What is the tallest mountain in the world?",
-    "How do I calculate the area of a circle?",
-    "What are renewable energy sources?",
-    "Write an email asking my manager for a day off.",
-    "What is the difference between a virus and a bacterium?",
-    "How does the internet work?",
-    "Describe a sunset over the mountains.",
-    "What should I pack for a weekend camping trip?",
-    "Explain recursion with an example.",
-    "What is democracy?",
-    "Why do leaves change color in the fall?",
-    "How do I stay motivated when working from home?",
-    "What is the speed of light?",
-    "Write a thank-you note to a teacher.",
-    "What are the main causes of climate change?",
-    "How do you say hello in Spanish, French and German?",
-    "What is an ecosystem?",
-    "Give me a short motivational quote and explain it.",
-    "How does a refrigerator keep food cold?",
-    "What is a black hole?",
-    "Write a SQL query that selects all users older than 30.",
-    "What is the difference between 'affect' and 'effect'?",
-    "Explain how a rainbow forms.",
-    "What are some good habits for saving money?",
-    "Describe the life cycle of a butterfly.",
-    "What is the function of DNA?",
-    "How do I boil an egg?",
-    "Write a dialogue between a dog and a cat.",
-    "What is the Great Wall of China?",
-    "Explain the rules of chess briefly.",
-    "What is a noun? Give examples.",
-    "How do airplanes stay in the air?",
-    "What is the meaning of the word 'resilience'?",
-    "List the steps to plant a tree.",
-    "What is cloud computing?",
-    "Write a JavaScript function that adds two numbers.",
-    "What is the largest ocean on Earth?",
-    "How can I reduce stress?",
-    "What happened during the Renaissance?",
-    "Explain supply and demand.",
-    "What is a healthy diet?",
-    "Write a short speech for a friend's birthday.",
-    "How do magnets work?",
-    "What are the three states of matter?",
-    "How do I tie a tie?",
-    "What is the purpose of a museum?",
-    "Explain binary numbers.",
-    "What is the moon made of?",
-    "Write a product description for a reusable water bottle.",
-    "What are the symptoms of the common cold?",
-    "How does recycling help the environment?",
-    "What is a sonnet?",
-    "Give me five ideas for a rainy day.",
-    "Explain what a computer's CPU does.",
-    "What are the benefits of reading books?",
-    "How do bees make honey?",
-    "What is an atom?",
-    "Write a riddle and give its answer.",
-    "What is the difference between a lake and a sea?",
-    "How do I start learning to play the guitar?",
-    "What is the history of the Olympic Games?",
-    "Explain what a loop is in programming.",
-    "What is kindness?",
-    "How do earthquakes happen?",
-    "Describe your ideal vacation.",
-    "What is a verb? Give three examples.",
-    "How do I make a budget?",
-    "What is the function of the lungs?",
-    "Write a Python list comprehension that squares numbers from 1 to 10.",
-    "Why is sleep important for children?",
-    "What is a volcano?",
-    "Give advice to a student starting university.",
-    "What is the difference between RAM and storage?",
-    "Tell me about the history of chocolate.",
-    "How do fish breathe underwater?",
-    "Write a four-line poem about friendship.",
-    "What is electricity?",
-    "Explain the importance of drinking water.",
-    "What are the colors of the rainbow?",
-    "How does a search engine find web pages?",
-    "Describe a busy city street in the morning.",
-    "What is a fraction? Give an example.",
-    "How can I be a better listener?",
-    "What is the role of a judge?",
-    "Explain why we have day and night.",
-)
-
-#: Held-out evaluation prompts: disjoint from TRAIN_PROMPTS, never seen in training.
-HELDOUT_PROMPTS: tuple[str, ...] = (
-    "What is the capital of Japan and what is it known for?",
-    "Explain how a battery stores energy.",
-    "Write a short poem about winter snow.",
-    "How do I make a simple salad?",
-    "What are the benefits of learning a second language?",
-    "Give me three tips for public speaking.",
-    "What is an even number?",
-    "Describe how clouds form.",
-    "Write a haiku about the morning sun.",
-    "How does a car engine work?",
-    "Tell me a fun fact about elephants.",
-    "What is artificial intelligence?",
-    "Write a Python function that checks whether a number is even.",
-    "Summarize the story of Little Red Riding Hood.",
-    "Why do we have tides?",
-    "How do I write a good essay introduction?",
-    "What is a mammal? Give examples.",
-    "Explain what a database is.",
-    "What should I do before a job interview?",
-    "How do birds know where to migrate?",
-    "Write a short thank-you message to a neighbour.",
-    "What is the difference between a star and a planet?",
-    "How can I keep my houseplants healthy?",
-    "Explain what an algorithm is.",
-)
-
-
-#: Templates and subjects of :func:`synthetic_prompts` (the bulk of the training prompts: combinations,
-#: never a held-out prompt; see the disjointness test in tests/drafts).
-_TEMPLATES: tuple[str, ...] = (
-    "What is {s}?", "Explain {s} in simple terms.", "Give me three facts about {s}.",
-    "Write a short paragraph about {s}.", "Why is {s} important?", "Describe {s} to a ten-year-old.",
-    "What are the main ideas behind {s}?", "Write a short poem about {s}.", "List five things to know about {s}.",
-    "How would you teach someone about {s}?", "Summarize what you know about {s} in two sentences.",
-    "What is a common misconception about {s}?", "Write a haiku about {s}.", "Give an example related to {s}.",
-    "What questions do people often ask about {s}?", "Compare {s} with something similar.",
-    "Write a short story that involves {s}.", "What are the pros and cons of {s}?",
-    "How has {s} changed over time?", "Explain {s} step by step.", "Write a tweet about {s}.",
-    "What would happen without {s}?", "Give me a quiz question about {s} and its answer.",
-    "Write a short dialogue about {s}.",
-)
-_SUBJECTS: tuple[str, ...] = (
-    "the ocean", "volcanoes", "the moon", "rainforests", "electric cars", "the human brain", "honey bees",
-    "the printing press", "coffee", "chess", "the Roman Empire", "solar panels", "friendship", "penguins",
-    "the stock market", "vaccines", "the piano", "deserts", "gravity", "recycling", "the internet",
-    "ancient Egypt", "mountains", "sleep", "bread", "rivers", "dinosaurs", "the French Revolution",
-    "spiders", "teamwork", "basketball", "glaciers", "the immune system", "trains", "photography",
-    "the alphabet", "tea", "libraries", "whales", "wind energy", "the Renaissance", "robots", "maps",
-    "mathematics", "fractions", "Python programming", "sorting algorithms", "linked lists", "HTML",
-    "encryption", "spreadsheets", "the water cycle", "earthquakes", "the solar system", "comets",
-    "photosynthesis", "bacteria", "the heart", "bones", "music", "painting", "poetry", "gardening",
-    "cooking pasta", "saving money", "running", "yoga", "meditation", "time management", "kindness",
-    "honesty", "cities", "farming", "bridges", "airplanes", "the telephone", "birds", "cats", "dogs",
-    "horses", "forests", "snow", "thunderstorms", "rainbows", "the Olympic Games", "museums", "castles",
-    "pirates", "the Great Barrier Reef", "newspapers", "video games", "social media", "clean water",
-    "hospitals", "firefighters", "teachers", "the seasons", "clocks", "money", "languages",
-)
-
-
-def synthetic_prompts(count: int, seed: int = 0) -> list[str]:
-    """``count`` distinct training prompts made from :data:`_TEMPLATES` x :data:`_SUBJECTS` in a seeded
-    order, minus any that equals a held-out prompt."""
-    def normal(text: str) -> str:
-        return " ".join(text.casefold().split())
-
-    held = {normal(p) for p in HELDOUT_PROMPTS + TRAIN_PROMPTS}
-    combos = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]
-    combos = [c for c in combos if normal(c) not in held]
-    order = torch.randperm(len(combos), generator=torch.Generator().manual_seed(seed)).tolist()
-    if count > len(combos):
-        raise ValueError(f"count must be <= {len(combos)}, got count={count}")
-    return [combos[i] for i in order[:count]]
 
 
 @dataclass
@@ -448,7 +251,7 @@ def train_distilled(
     target: Any, data: TeacherData, vocab_ids: torch.Tensor, config: TrainConfig,
     init_layers: tuple[int, ...] = (0,), progress: Progress | None = None,
 ) -> Any:
-    """Train a :func:`~spec_fast.heads.distilled_model` (returns the model, float32, eval mode)."""
+    """Train a :func:`~spec_fast.drafts.heads.distilled_model` (returns the model, float32, eval mode)."""
     torch.manual_seed(config.seed)
     draft = distilled_model(target, vocab_ids, init_layers)
     params = [p for n, p in draft.named_parameters() if n.startswith(("model.layers.", "model.norm."))]
@@ -483,7 +286,7 @@ def train_head(
     target: Any, kind: str, data: TeacherData, vocab_ids: torch.Tensor, config: TrainConfig,
     progress: Progress | None = None,
 ) -> FeatureHead:
-    """Train a :class:`~spec_fast.heads.FeatureHead` of ``kind`` (two unrolled steps, module docstring)."""
+    """Train a :class:`~spec_fast.drafts.heads.FeatureHead` of ``kind`` (two unrolled steps, module docstring)."""
     torch.manual_seed(config.seed + (1 if kind == "eagle" else 2))
     head = FeatureHead(target, kind, vocab_ids)
     head.init_from_target(target)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spec_fast.drafters import Drafter
+from spec_fast.drafts.model import Drafter
 
 __all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "HybridDrafter", "DATASTORE_PATH",
            "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
@@ -48,7 +48,7 @@ def datastore_sequences(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) ->
     return [list(p[len(p) - min(len(p), ASSISTANT_HEADER_TOKENS):]) + list(r) for p, r in pairs]
 
 
-DATASTORE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "datastore.npz")
+DATASTORE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights", "datastore.npz")
 
 _NONE = -1  # key value before the start of a sequence (never a token id)
 
