@@ -29,13 +29,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench._common import write_results  # noqa: E402
 from bench.defaults import INPUT_GROUNDED  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
-from spec_fast.drafters import Drafter  # noqa: E402
-from spec_fast.dual import DualDrafter  # noqa: E402
+from spec_fast.drafts.model import Drafter  # noqa: E402
+from spec_fast.drafts.dual import DualDrafter  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
-from spec_fast.heads import load_drafter  # noqa: E402
+from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
-from spec_fast.training import HELDOUT_PROMPTS, TRAIN_PROMPTS, TrainConfig, synthetic_prompts  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts  # noqa: E402
+from spec_fast.drafts.training import TrainConfig  # noqa: E402
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 SINGLES = ("rnn", "eagle", "retrieval")
@@ -164,7 +165,7 @@ def main() -> None:
                     f"{torch.__version__}, {args.threads} thread(s), device {args.device}".replace("  ", " "),
         "caveat": "shared 2-core machine (other helpers' jobs running): ratios are side by side in one run, "
                   "configurations interleaved prompt by prompt; absolute tok/s noisy, few prompts and tokens",
-        "prompts": f"{prompts_n} per workload: chat = spec_fast.training.HELDOUT_PROMPTS, input-grounded = "
+        "prompts": f"{prompts_n} per workload: chat = spec_fast.drafts.prompts.HELDOUT_PROMPTS, input-grounded = "
                    f"bench.defaults.INPUT_GROUNDED (summarise / rewrite / list / copy a given passage; checked "
                    f"absent from the retrieval datastore's training prompts); {new} new tokens",
         "sampling": "greedy; T=0.7, top-p 0.9, seed 0 (same seed for every configuration)",
