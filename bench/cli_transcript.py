@@ -20,6 +20,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
+
 PROMPT = "Explain speculative decoding in one paragraph."
 
 
@@ -65,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     env["SPEC_FAST_CACHE"] = cache
     venv_bin = os.path.join(clone, ".venv", "bin")
     env["PATH"] = venv_bin + os.pathsep + env["PATH"]
-    commit = subprocess.run(["git", "-C", clone, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit(clone)
     generate = f'python3 -m spec_fast generate "{PROMPT}" --max-new-tokens 64'
     steps = [
         ("setup (in a venv that sees the system's packages)",

@@ -20,13 +20,13 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
@@ -63,15 +63,6 @@ LONG = (
     f"{LONG_DOCUMENT}\n\nQuestion: what other uses were proposed for the station?",
 )
 CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:2+adaptive")
-
-
-def _commit() -> str:
-    try:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = {name: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == name) for name in CONFIGURATIONS}
     meta = {
         "command": "python bench/defaults.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": _commit(),
+        "commit": git_commit(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": f"{torch.__version__}, {args.threads} thread(s)",
         "workload": f"SmolLM2-135M-Instruct float32, greedy, draft {args.draft}, {args.prompts} prompts per "

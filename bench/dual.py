@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from bench.defaults import INPUT_GROUNDED  # noqa: E402
@@ -158,7 +158,7 @@ def main() -> None:
             "head_accepted_tokens": row["head_accepted"], "head_selected": row["head_selected"],
             "identical_to_ar": row["identical"] if sampling_name == "greedy" else None,
         })
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     meta = {
         "command": "PYTHONPATH=$PWD python bench/dual.py " + " ".join(sys.argv[1:]), "commit": commit,
         "hardware": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, torch "

@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             times["eager"].append(one_pass(eager_state, 1000 + i))
             times["compiled MLP"].append(one_pass(compiled_state, 1000 + i))
     rows = [{"variant": k, "median_ms": 1000 * statistics.median(v), "min_ms": 1000 * min(v)} for k, v in times.items()]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     meta = {
         "model": "SmolLM2-135M-Instruct, lean forward, int8 weights", "context_tokens": CONTEXT,
         "rounds": args.rounds, "threads": args.threads, "compile_warm_up_s": round(warm_up_s, 1),

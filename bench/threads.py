@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
@@ -38,15 +39,6 @@ PROMPTS = (
     "What are three tips for writing clean Python code?",
     "Summarise the plot of Romeo and Juliet.",
 )
-
-
-def _commit() -> str:
-    try:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {
         "command": "python bench/threads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": _commit(),
+        "commit": git_commit(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or 'cpu'}",
         "torch": torch.__version__,
         "torch default threads": default_threads,
