@@ -9,8 +9,9 @@ on first use, so that ``import spec_fast`` (and ``spec-fast --help``) does not p
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spec_fast._lazy import lazy_exports
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -64,17 +65,7 @@ __all__ = ["FlatTree", "decoding_operator", "counter_uniforms", "METHODS", "Tree
     "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head", "generate", "Completion"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spec_fast' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("spec_fast", _EXPORTS, globals())
 
 
 if TYPE_CHECKING:

@@ -13,8 +13,9 @@ and no runtime module imports it. Names are imported on first use, as in :mod:`s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spec_fast._lazy import lazy_exports
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -53,17 +54,7 @@ __all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model", "D
            "TRAIN_PROMPTS", "synthetic_prompts"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spec_fast.drafts' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("spec_fast.drafts", _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
