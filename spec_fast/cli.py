@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "only the more confident head's tree each step (route); needs a chain or topk strategy")
     gen.add_argument("--strategy", default=None,
                      help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | "
-                          f"dynatree[:D0,DMAX,BUDGET], optionally +adaptive (plain steps while drafting does not "
+                          f"dynatree[:D0,DMAX,BUDGET][,key=value...] (DynaTree keys: tau_high, tau_low, prune, "
+                          f"window, ...; spec_fast.strategies), optionally +adaptive (plain steps while drafting does not "
                           f"pay); default {DEFAULT_STRATEGY} with a named draft, {DEFAULT_UNTRAINED_STRATEGY} "
                           f"with any other, ar with --draft none (bench/results/defaults.md)")
     gen.add_argument("--verifier", default=None,

@@ -251,7 +251,7 @@ class SpeculativeDecoder:
             generator=torch.Generator(device=self.device).manual_seed(sampling.seed), metrics=metrics,
             controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
             outputs=[[] for _ in range(batch)], committed=[list(p) for p in prompts], active=[True] * batch,
-            dyna_history=[DynaTreeHistory() for _ in range(batch)], root_logits=root_logits,
+            dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)], root_logits=root_logits,
             root_hidden=root_hidden, trees=[] if record_trees else None,
         )
 

@@ -30,12 +30,46 @@ steps, re-probed every few steps); both kinds of steps are exact, so the output 
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
 ``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
 (seed depths as in seed 003: the DraftTree depth is ``DMAX + 1``).
+
+DynaTree parameters (seed 003 (docs/papers.md) Algorithm 1; :class:`spec_ref.dynatree.DynaTreeParams`)
+follow the three positional numbers, or replace them, as comma-separated ``key=value`` pairs::
+
+    dynatree:5,8,64,tau_high=0.8,tau_low=0.3
+    dynatree:d0=5,dmax=8,budget=64,prune=0.01,window=8,high_acceptance=0.7
+
+=====================  ===================  =========  ==============================================
+key (alias)            seed 003 symbol      default    meaning
+=====================  ===================  =========  ==============================================
+``base_depth`` (d0)    D_0                  5          base depth; deeper only above ``rho_deep``
+``max_depth`` (dmax)   D_max                8          hard depth limit (seed depth, u0 at 0)
+``node_budget``        N_max                64         drafted nodes per tree, u0 included
+(``budget``)
+``branch_min``,        B_min, B_mid, B_max  1, 2, 3    children of a node at confidence >= tau_high,
+``branch_mid``,                                        between, < tau_low
+``branch_max``
+``tau_high``,          tau_h, tau_l         0.9, 0.4   draft-confidence thresholds
+``tau_low``
+``rho_stop``,          rho_stop, rho_deep   0.01, 0.3  early stop / deep expansion on the path
+``rho_deep``                                           probability p(u)
+``prune_threshold``    tau                  0.005      a child with p(v) < tau is not drafted
+(``prune``)
+``window``             W                    4          history window (iterations)
+``high_acceptance``,   --                   0.8, 0.3   window-mean acceptance at which the history
+``low_acceptance``                                     adjustment turns aggressive / conservative
+``threshold_step``,    --                   0.05, 1    how far it moves tau_h and tau_l / D_0
+``depth_step``
+=====================  ===================  =========  ==============================================
+
+The seed fixes D_0, D_max, the branch bounds and the confidence thresholds (its appendix A) and leaves
+the rest, including the history schedule, open; :mod:`spec_ref.dynatree` states the choices made here.
+Every value is checked (``ValueError`` naming the key); a key given twice (also via its alias) is refused.
+In Python, :meth:`Strategy.for_dynatree` builds the same strategy from a ``DynaTreeParams``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:  # imported where used: parsing a strategy must not pull in spec_ref's SciPy solvers
     from spec_ref.dynatree import DynaTreeParams
@@ -51,6 +85,17 @@ SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
     "topk": ("nss",),
     "dynatree": ("nss",),
 }
+#: DynaTree keys of the strategy string besides the three structural ones (DynaTreeParams fields and the
+#: history window), with their type; aliases map to the canonical key.
+DYNATREE_INT_KEYS = ("branch_min", "branch_mid", "branch_max", "depth_step", "window")
+DYNATREE_REAL_KEYS = ("tau_low", "tau_high", "rho_stop", "rho_deep", "prune_threshold", "high_acceptance",
+                      "low_acceptance", "threshold_step")
+DYNATREE_STRUCTURAL_KEYS = ("base_depth", "max_depth", "node_budget")
+DYNATREE_ALIASES = {"d0": "base_depth", "dmax": "max_depth", "budget": "node_budget", "prune": "prune_threshold"}
+#: The history window when none is given (spec_ref.dynatree.DynaTreeHistory's default).
+DEFAULT_DYNATREE_WINDOW = 4
+#: One DynaTree option value.
+DynaTreeValue = Union[int, float]
 #: Trees larger than this are refused (per prompt; the engine allocates ``[B, N, V]`` tensors).
 MAX_TREE_NODES = 1024
 #: The vocabulary and the per-(node, token) bytes the size error's memory estimate assumes (SmolLM2's V;
@@ -77,7 +122,9 @@ class Strategy:
     """A tree shape plus a sampling verifier (greedy verification is used at temperature 0).
 
     ``num_paths`` K, ``trunk`` L1, ``depth`` total depth L (= L1 + L2 for delayed trees), ``top_k`` and
-    ``budget`` for ``topk`` trees.
+    ``budget`` for ``topk`` trees. DynaTree: ``trunk`` = D_0, ``depth`` = D_max + 1, ``budget`` = N_max and
+    ``dynatree_options`` the other parameters that differ from their defaults, as sorted ``(key, value)``
+    pairs (keys of :data:`DYNATREE_INT_KEYS` and :data:`DYNATREE_REAL_KEYS`).
     """
 
     shape: str = "chain"
@@ -88,6 +135,7 @@ class Strategy:
     budget: int = 0
     verifier: str = ""
     adaptive: bool = False
+    dynatree_options: tuple[tuple[str, DynaTreeValue], ...] = ()
 
     def __post_init__(self) -> None:
         if self.shape not in SAMPLING_VERIFIERS:
@@ -102,8 +150,11 @@ class Strategy:
             raise ValueError(f"num_paths must be >= 1, got num_paths={self.num_paths}")
         if self.shape == "delayed" and not self.trunk < self.depth:
             raise ValueError(f"trunk must be < depth, got trunk={self.trunk}, depth={self.depth}")
+        if self.dynatree_options and self.shape != "dynatree":
+            raise ValueError(f"dynatree_options need shape 'dynatree', got shape={self.shape!r}")
         if self.shape == "dynatree":
-            self.dynatree_params()  # validates D0 < DMAX and the budget
+            object.__setattr__(self, "dynatree_options", _canonical_options(self.dynatree_options))
+            self.dynatree_params()  # validates every parameter (ValueError naming it)
         if self.shape == "topk" and (self.top_k < 1 or self.budget < 1):
             raise ValueError(f"topk trees need top_k >= 1 and budget >= 1, got {self.top_k}, {self.budget}")
         verifier = self.verifier or _DEFAULT_VERIFIER[self.shape]
@@ -138,10 +189,29 @@ class Strategy:
         return 1 + self.budget  # topk and dynatree: the node budget
 
     def dynatree_params(self) -> DynaTreeParams:
-        """The DynaTree parameters (seed 003 defaults; ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget``)."""
+        """The DynaTree parameters: ``trunk`` = D0, ``depth - 1`` = DMAX, ``budget`` = N_max, the options,
+        and the defaults of :class:`spec_ref.dynatree.DynaTreeParams` for the rest."""
         from spec_ref.dynatree import DynaTreeParams
 
-        return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget)
+        options: dict[str, Any] = {k: v for k, v in self.dynatree_options if k != "window"}
+        return DynaTreeParams(base_depth=self.trunk, max_depth=self.depth - 1, node_budget=self.budget, **options)
+
+    @property
+    def dynatree_window(self) -> int:
+        """The DynaTree history window W (iterations)."""
+        return int(dict(self.dynatree_options).get("window", DEFAULT_DYNATREE_WINDOW))
+
+    @classmethod
+    def for_dynatree(cls, params: DynaTreeParams, window: int = DEFAULT_DYNATREE_WINDOW, verifier: str = "",
+                     adaptive: bool = False) -> Strategy:
+        """The DynaTree strategy drafting with ``params`` and history window ``window``."""
+        from spec_ref.dynatree import DynaTreeParams
+
+        if not isinstance(params, DynaTreeParams):
+            raise ValueError(f"params must be a spec_ref.dynatree.DynaTreeParams, got params={params!r}")
+        options = [(f.name, getattr(params, f.name)) for f in fields(params) if f.name not in DYNATREE_STRUCTURAL_KEYS]
+        return cls(shape="dynatree", depth=params.max_depth + 1, trunk=params.base_depth, budget=params.node_budget,
+                   verifier=verifier, adaptive=adaptive, dynatree_options=tuple(options) + (("window", window),))
 
     @property
     def drafts(self) -> bool:
@@ -164,7 +234,8 @@ class Strategy:
         if self.shape == "delayed":
             return f"delayed:{self.num_paths},{self.trunk},{self.depth - self.trunk}/{self.verifier}"
         if self.shape == "dynatree":
-            return f"dynatree:{self.trunk},{self.depth - 1},{self.budget}/{self.verifier}"
+            extra = "".join(f",{k}={v}" for k, v in self.dynatree_options)
+            return f"dynatree:{self.trunk},{self.depth - 1},{self.budget}{extra}/{self.verifier}"
         return f"topk:{self.depth},{self.top_k},{self.budget}/{self.verifier}"
 
 
@@ -179,15 +250,85 @@ def _ints(text: str, sep: str, count: int, spec: str) -> list[int]:
     return values
 
 
+def _number(key: str, text: str, spec: str) -> DynaTreeValue:
+    try:
+        return int(text) if key in DYNATREE_INT_KEYS or key in DYNATREE_STRUCTURAL_KEYS else float(text)
+    except ValueError:
+        kind = "an integer" if key in DYNATREE_INT_KEYS or key in DYNATREE_STRUCTURAL_KEYS else "a number"
+        raise ValueError(f"strategy {spec!r}: {key} must be {kind}, got {key}={text!r}") from None
+
+
+def _canonical_options(options: tuple[tuple[str, DynaTreeValue], ...]) -> tuple[tuple[str, DynaTreeValue], ...]:
+    """Known keys only, each once, typed, defaults dropped, sorted: equal parameters give equal strategies."""
+    from spec_ref.dynatree import DynaTreeParams
+
+    defaults: dict[str, DynaTreeValue] = {f.name: f.default for f in fields(DynaTreeParams)}  # type: ignore[misc]
+    defaults["window"] = DEFAULT_DYNATREE_WINDOW
+    seen: dict[str, DynaTreeValue] = {}
+    for item in options:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise ValueError(f"dynatree_options must hold (key, value) pairs, got {item!r}")
+        key, value = item
+        if key not in DYNATREE_INT_KEYS and key not in DYNATREE_REAL_KEYS:
+            raise ValueError(f"unknown DynaTree option {key!r}; choose from "
+                             f"{sorted(DYNATREE_INT_KEYS + DYNATREE_REAL_KEYS + DYNATREE_STRUCTURAL_KEYS)}")
+        if key in seen:
+            raise ValueError(f"DynaTree option {key} given twice")
+        integer = key in DYNATREE_INT_KEYS
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+            raise ValueError(f"{key} must be {'an integer' if integer else 'a real number'}, got {key}={value!r}")
+        seen[key] = value if integer else float(value)
+    if "window" in seen and seen["window"] < 1:
+        raise ValueError(f"window must be an integer >= 1, got window={seen['window']!r}")
+    return tuple(sorted((k, v) for k, v in seen.items() if v != defaults[k]))
+
+
+def _parse_dynatree(args: str, spec: str, verifier: str) -> Strategy:
+    """``[D0,DMAX,BUDGET][,key=value...]`` -> a DynaTree :class:`Strategy` (module docstring)."""
+    items = [item.strip() for item in args.split(",")] if args else []
+    positional = [item for item in items if "=" not in item]
+    if items[: len(positional)] != positional or len(positional) not in (0, 3):
+        raise ValueError(f"strategy {spec!r}: expected dynatree:D0,DMAX,BUDGET (three integers), then "
+                         "key=value pairs")
+    values: dict[str, DynaTreeValue] = {}
+    for key, text in zip(DYNATREE_STRUCTURAL_KEYS, positional):
+        values[key] = _number(key, text, spec)
+    for item in items[len(positional):]:
+        name, _, text = item.partition("=")
+        key = DYNATREE_ALIASES.get(name.strip(), name.strip())
+        if key not in DYNATREE_STRUCTURAL_KEYS + DYNATREE_INT_KEYS + DYNATREE_REAL_KEYS:
+            raise ValueError(
+                f"strategy {spec!r}: unknown DynaTree parameter {name.strip()!r}; choose from "
+                f"{sorted(DYNATREE_STRUCTURAL_KEYS + DYNATREE_INT_KEYS + DYNATREE_REAL_KEYS)} or the aliases "
+                f"{sorted(DYNATREE_ALIASES)}"
+            )
+        if key in values:
+            raise ValueError(f"strategy {spec!r}: DynaTree parameter {key} given twice")
+        values[key] = _number(key, text.strip(), spec)
+    d0 = int(values.pop("base_depth", 5))
+    dmax = int(values.pop("max_depth", 8))
+    budget = int(values.pop("node_budget", 64))
+    if not 1 <= d0 < dmax:
+        raise ValueError(f"strategy {spec!r}: need 1 <= D0 < DMAX, got base_depth={d0}, max_depth={dmax}")
+    if budget < 1:
+        raise ValueError(f"strategy {spec!r}: node_budget must be >= 1, got node_budget={budget}")
+    try:
+        return Strategy(shape="dynatree", depth=dmax + 1, trunk=d0, budget=budget, verifier=verifier,
+                        dynatree_options=tuple(values.items()))
+    except ValueError as err:
+        raise ValueError(f"strategy {spec!r}: {err}") from None
+
+
 def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
-    """``ar`` | ``chain:L`` | ``iid:KxL`` | ``delayed:K,L1,L2`` | ``topk:DEPTH,K,BUDGET`` -> :class:`Strategy`."""
+    """``ar`` | ``chain:L`` | ``iid:KxL`` | ``delayed:K,L1,L2`` | ``topk:DEPTH,K,BUDGET`` |
+    ``dynatree[:D0,DMAX,BUDGET][,key=value...]`` -> :class:`Strategy` (module docstring)."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"strategy must be a non-empty string, got strategy={spec!r}")
     if spec.endswith("+adaptive"):
         base = parse_strategy(spec[: -len("+adaptive")], verifier)
         if not base.drafts:
             raise ValueError(f"strategy {spec!r}: '+adaptive' needs a drafting strategy")
-        return Strategy(base.shape, base.depth, base.num_paths, base.trunk, base.top_k, base.budget, base.verifier, True)
+        return replace(base, adaptive=True)
     shape, _, args = spec.partition(":")
     v = verifier or ""
     if shape == "ar":
@@ -207,10 +348,7 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
         depth, k, budget = _ints(args or "4,2,8", ",", 3, spec)
         return Strategy(shape="topk", depth=depth, top_k=k, budget=budget, verifier=v)
     if shape == "dynatree":
-        d0, dmax, budget = _ints(args or "5,8,64", ",", 3, spec)
-        if not 1 <= d0 < dmax:
-            raise ValueError(f"strategy {spec!r}: need 1 <= D0 < DMAX")
-        return Strategy(shape="dynatree", depth=dmax + 1, trunk=d0, budget=budget, verifier=v)
+        return _parse_dynatree(args, spec, v)
     raise ValueError(
         f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, topk:DEPTH,K,BUDGET or dynatree"
     )

@@ -28,7 +28,15 @@ def _paths(tokens: list[int], parents: list[int], valid: list[bool]) -> set[tupl
     return set(paths.values())
 
 
-@pytest.mark.parametrize("layers,spec", [(3, "dynatree:2,4,10"), (1, "dynatree:1,3,6")])
+@pytest.mark.parametrize("layers,spec", [
+    (3, "dynatree:2,4,10"), (1, "dynatree:1,3,6"),
+    # every parameter of the strategy string away from its default: thresholds, branch bounds, depth
+    # gating, pruning, window and the history schedule reach the engine's builder and history
+    (3, "dynatree:d0=1,dmax=4,budget=12,tau_high=0.6,tau_low=0.2,branch_min=1,branch_mid=3,branch_max=4,"
+        "rho_stop=0.02,rho_deep=0.2,prune=0.01,window=2,high_acceptance=0.6,low_acceptance=0.4,"
+        "threshold_step=0.1,depth_step=2"),
+    (1, "dynatree:2,5,9,tau_high=0.5,tau_low=0.15,branch_mid=1,prune=0.03,window=3,low_acceptance=0.5"),
+])
 def test_dynatree_history_matches_spec_ref_step_by_step(layers: int, spec: str) -> None:
     drafter = EarlyExitDrafter(TARGET, layers)
     strategy = parse_strategy(spec)
@@ -45,7 +53,7 @@ def test_dynatree_history_matches_spec_ref_step_by_step(layers: int, spec: str) 
             return torch.softmax(logits, dim=-1).numpy()
         return probs
 
-    history = DynaTreeHistory()
+    history = DynaTreeHistory(window=strategy.dynatree_window)
     context = list(prompt)
     compared = 0
     adjusted = False
