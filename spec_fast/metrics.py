@@ -4,6 +4,12 @@
   the bonus or correction token included; AR has 1.0);
 * ``accepted_length_histogram[t]`` = number of (row, step) pairs that accepted exactly ``t`` draft tokens;
 * ``per_depth_acceptance[d-1]`` = P(depth ``d`` accepted | the step's tree reached depth ``d``);
+* seed 003 (docs/papers.md) section 4.2: ``mean_accepted_length`` = mean draft tokens accepted per
+  verification step, the extra token excluded (its average committed path length; equals
+  ``block_efficiency - 1``, the tokens per iteration being ``block_efficiency``);
+  ``acceptance_rate`` = (accepted draft tokens + one extra token per drafting step) / sum of the drafted
+  trees' depths, over the steps that drafted: its "Accept." counts the bonus token, so it reaches
+  ``(D + 1) / D`` when every path of depth D is accepted and may exceed 1, as its tables show;
 * ``ttft_s`` = time to the first generated token (prefill + first step), ``tpot_s`` = mean time per
   output token after the first, ``tokens_per_s`` = generated tokens / wall time;
 * ``peak_memory_bytes`` = CUDA peak allocation on GPU, process max RSS on CPU.
@@ -64,6 +70,19 @@ class GenerationMetrics:
         return (self.wall_s - self.ttft_s) / (per_row - 1) if per_row > 1 else 0.0
 
     @property
+    def mean_accepted_length(self) -> float:
+        steps = sum(self.accepted_length_histogram)
+        accepted = sum(t * n for t, n in enumerate(self.accepted_length_histogram))
+        return accepted / steps if steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        # every drafting step reaches depth 1: depth_reached[0] counts them; sum(depth_reached) = sum of depths
+        drafted_depth = sum(self.depth_reached)
+        committed = sum(self.depth_accepted) + (self.depth_reached[0] if self.depth_reached else 0)
+        return committed / drafted_depth if drafted_depth else 0.0
+
+    @property
     def per_depth_acceptance(self) -> list[float]:
         return [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)]
 
@@ -89,5 +108,7 @@ class GenerationMetrics:
             tokens_per_s=self.tokens_per_s,
             tpot_s=self.tpot_s,
             per_depth_acceptance=self.per_depth_acceptance,
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_rate=self.acceptance_rate,
         )
         return out

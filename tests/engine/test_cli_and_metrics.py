@@ -70,6 +70,21 @@ def test_a_perfect_draft_reaches_the_maximal_block_efficiency_at_batch_size_two(
     assert result.metrics.accepted_length_histogram == [0, 0, 0, 8]
     assert result.metrics.block_efficiency == 4.0 and result.metrics.target_passes == 4
     assert result.metrics.per_depth_acceptance == [1.0, 1.0, 1.0]
+    # seed 003's measures: 3 tokens accepted per step, and its "Accept." counts the bonus: (3 + 1) / 3
+    assert result.metrics.mean_accepted_length == 3.0 and result.metrics.acceptance_rate == 4 / 3
+
+
+def test_seed_003_measures_count_accepted_tokens_bonus_and_drafted_depth_by_hand() -> None:
+    from spec_fast.metrics import GenerationMetrics
+
+    metrics = GenerationMetrics()
+    # (accepted, depth): a drafted tree of depth 4 accepting 2, one of depth 2 accepting 0, a plain step
+    metrics.record_step([2, 0], [4, 2])
+    metrics.record_step([0], [0])
+    assert metrics.mean_accepted_length == 2 / 3 and metrics.block_efficiency == 5 / 3
+    # (2 + 0 accepted + 2 bonus tokens of the drafting steps) / (4 + 2 drafted depth); the plain step drafts nothing
+    assert metrics.acceptance_rate == 4 / 6
+    assert metrics.as_dict()["acceptance_rate"] == 4 / 6 and GenerationMetrics().acceptance_rate == 0.0
 
 
 @pytest.mark.parametrize("strategy", ["ar", "chain:3", "topk:3,2,6"])
