@@ -38,6 +38,7 @@ import torch
 from tqdm import tqdm
 
 import spec_ref
+from bench._git import git_commit
 from spec_fast import FlatTree, counter_uniforms, uniforms_per_node, verify_tree
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -192,6 +193,16 @@ def time_hf(work: Workload, batch: int, repeats: int) -> float | None:
     return statistics.median(times)
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"verify_kernels: {flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"verify_kernels: {flag} values must be >= 1, got {text!r}")
+    return values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller grid: V=49152, B in {1, 64}, N in {8, 32}")
@@ -199,14 +210,21 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ref-rows", type=int, default=2, help="rows of spec_ref timed per (method, V, N)")
+    parser.add_argument("--vocab", default=None,
+                        help="comma-separated vocabulary sizes (default 49152,151936; 49152 with --quick), e.g. "
+                             "262144 for Gemma 3")
+    parser.add_argument("--batch", default=None, help="comma-separated batch sizes (default 1,16,64; 1,64 with --quick)")
+    parser.add_argument("--slots", default=None, help="comma-separated tree sizes N in {8,32,64} (default all; 8,32 with --quick)")
     parser.add_argument("--out", default=str(RESULTS / "verify_kernels"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    vocabs = [49152] if args.quick else [49152, 151936]
-    batches = [1, 64] if args.quick else [1, 16, 64]
-    slot_counts = [8, 32] if args.quick else [8, 32, 64]
+    vocabs = _ints(args.vocab, "--vocab") if args.vocab else ([49152] if args.quick else [49152, 151936])
+    batches = _ints(args.batch, "--batch") if args.batch else ([1, 64] if args.quick else [1, 16, 64])
+    slot_counts = _ints(args.slots, "--slots") if args.slots else ([8, 32] if args.quick else [8, 32, 64])
+    if not set(slot_counts) <= {8, 32, 64}:
+        parser.error(f"--slots must be among 8, 32, 64, got {slot_counts}")
     rows: list[dict[str, Any]] = []
     grid = [(v, n) for v in vocabs for n in slot_counts]
     progress = tqdm(total=len(grid) * len(METHOD_CONFIGS), desc="verify_kernels")
@@ -231,6 +249,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "quick": args.quick, "repeats": args.repeats,
+        "command": "python bench/verify_kernels.py " + " ".join(sys.argv[1:]), "commit": git_commit(),
         "note": "spec_ref timed on ref_rows_timed rows per (method, V, N) and scaled by B; HF looped per row",
     }
     out = Path(args.out)
