@@ -434,6 +434,9 @@ def write_report(out_dir: str, meta: dict[str, Any], rows: list[dict[str, Any]],
     sampled_modes = sorted({r["mode"] for r in rows if r["mode"] != "greedy"})
     temperature = float(sampled_modes[0].split("=")[1]) if sampled_modes else 0.7
     table = report_table(rows, widths, threads, temperature) + why_lines(rows, widths) + agreement_lines(comparisons)
+    if len(threads) == 1:
+        table += ["", f"This run has {threads[0]} thread(s) only: `--threads 1,2` adds the two-thread comparison "
+                  "(on a 2-core machine shared with other jobs, two threads stall behind them and measure the load)."]
     canonical = [*OURS, *HF, *LLAMA]
     configs = [n for n in canonical if n != BASELINE and any(r["configuration"] == n for r in rows)]
 
@@ -480,6 +483,12 @@ def why_lines(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[int, 
            "decoding only with more tokens per pass than that):", "",
            "| threads | workload | llama.cpp ms/token | configuration | ms/pass | tokens/pass | break-even "
            "tokens/pass |", "|---:|---|---:|---|---:|---:|---:|"]
+    for t, per in sorted(widths.items()):
+        ours, llama_ms = per.get("ours int4 (lean)", {}), per.get("llama.cpp Q4_1", {})
+        if 1 in ours and 1 in llama_ms:
+            out.insert(2, f"Single-token pass at {t} thread(s): ours int4 {ours[1]:.1f} ms, llama.cpp "
+                          f"{llama_ms[1]:.1f} ms ({ours[1] / llama_ms[1]:.2f}x); over 8 tokens: ours int4 "
+                          f"{ours.get(8, float('nan')):.1f} ms, llama.cpp {llama_ms.get(8, float('nan')):.1f} ms. ")
     for t in sorted({r["threads"] for r in rows}):
         for workload in WORKLOADS:
             pick = {r["configuration"]: r for r in rows if (r["threads"], r["mode"], r["workload"]) ==
