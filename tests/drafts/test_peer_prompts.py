@@ -71,3 +71,26 @@ def test_a_training_prompt_in_a_workload_is_caught() -> None:
 def test_benchmark_module_does_not_need_llama_cpp() -> None:
     code = "import sys, bench.peers; assert 'llama_cpp' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_oracle_replay_draft_is_accepted_in_full_and_keeps_the_greedy_output() -> None:
+    """The oracle ceiling of bench/peers.py: replaying the target's own greedy reply, chain:4 commits 5 tokens
+    per target pass; replaying a wrong reply (negative control) falls back to one token per pass."""
+    from bench.peers import ReplayDrafter
+    from spec_fast.engine import SpeculativeDecoder
+    from spec_fast.strategies import parse_strategy
+    from tests.engine.models import tiny_llama
+
+    model = tiny_llama(vocab_size=64, layers=2, seed=1)
+    prompt, new = [3, 9, 27, 5], 20
+    plain = SpeculativeDecoder(model, None, parse_strategy("ar")).generate([prompt], max_new_tokens=new).tokens[0]
+    assert len(plain) == new
+    passes = {}
+    for name, reply in (("oracle", plain), ("wrong", [(t + 1) % 64 for t in plain])):
+        drafter = ReplayDrafter(64)
+        drafter.reference = prompt + reply
+        result = SpeculativeDecoder(model, drafter, parse_strategy("chain:4")).generate([prompt], max_new_tokens=new)
+        assert result.tokens[0] == plain
+        passes[name] = result.metrics.target_passes
+    assert passes["oracle"] == new // 5
+    assert passes["wrong"] > 2 * passes["oracle"]
