@@ -47,6 +47,11 @@ class GenerationMetrics:
     #: count for neither)
     head_accepted_tokens: list[int] = field(default_factory=list)
     head_selected: list[int] = field(default_factory=list)
+    #: ``--strategy nde``: seconds spent in the selector (features, network, the choice read back), the
+    #: steps it chose a shape for, and how often it chose each action ``"K,L1,L2"``
+    selector_s: float = 0.0
+    selector_steps: int = 0
+    nde_actions: dict[str, int] = field(default_factory=dict)
 
     @property
     def block_efficiency(self) -> float:
@@ -62,6 +67,11 @@ class GenerationMetrics:
     def tpot_s(self) -> float:
         per_row = self.generated_tokens / max(self.batch_size, 1)
         return (self.wall_s - self.ttft_s) / (per_row - 1) if per_row > 1 else 0.0
+
+    @property
+    def selector_ms(self) -> float:
+        """Mean milliseconds of the NDE selector per step (0 without it)."""
+        return 1000 * self.selector_s / self.selector_steps if self.selector_steps else 0.0
 
     @property
     def per_depth_acceptance(self) -> list[float]:
@@ -89,5 +99,6 @@ class GenerationMetrics:
             tokens_per_s=self.tokens_per_s,
             tpot_s=self.tpot_s,
             per_depth_acceptance=self.per_depth_acceptance,
+            selector_ms=self.selector_ms,
         )
         return out

@@ -13,6 +13,9 @@ A :class:`Strategy` names a tree shape and a verifier:
                branches of ``L2`` tokens (seed 002 (docs/papers.md) Def 5.2)
 ``topk``       deterministic budgeted top-k tree (EAGLE-2;  ``nss`` (the only lossless sampling choice,
                same rule as :func:`spec_ref.draft_topk_tree`) docs/algorithms.md section 2)
+``nde``        a delayed tree per step, its (K, L1, L2)      ``specinfer`` (default), ``spectr``,
+               chosen by the NDE selector (seed 002           ``khisti``, ``naive_tree``, ``nss``
+               (docs/papers.md) section 6; spec_fast.nde)
 ``dynatree``   DynaTree adaptive tree (breadth by draft      ``nss``; greedy commit at T = 0
                confidence, depth gating, probability
                pruning, history adjustment; the decisions
@@ -28,7 +31,7 @@ decoding steps while speculation does not pay (measured tokens per second of spe
 steps, re-probed every few steps); both kinds of steps are exact, so the output law is unchanged.
 
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
-``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
+``delayed:K,L1,L2``, ``nde`` or ``nde:VERIFIER``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
 (seed depths as in seed 003: the DraftTree depth is ``DMAX + 1``).
 """
 
@@ -50,7 +53,11 @@ SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
     "delayed": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
     "topk": ("nss",),
     "dynatree": ("nss",),
+    "nde": ("specinfer", "spectr", "khisti", "naive_tree", "nss"),
 }
+#: The NDE action space bounds of seed 002 eq. (8): K <= 4, L1 <= 8, L2 <= 8 (an ``nde`` strategy holds them
+#: as ``num_paths``, ``trunk`` and ``depth - trunk``, its largest tree).
+NDE_BOUNDS = (4, 8, 8)
 #: Trees larger than this are refused (per prompt; the engine allocates ``[B, N, V]`` tensors).
 MAX_TREE_NODES = 1024
 #: The vocabulary and the per-(node, token) bytes the size error's memory estimate assumes (SmolLM2's V;
@@ -59,6 +66,7 @@ ESTIMATE_VOCAB = 49152
 BYTES_PER_NODE_AND_TOKEN = 32
 _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
+    "nde": "specinfer",
 }
 
 #: The CLI default with a trained or retrieval draft. ``chain:2`` is the fastest greedy shape on prompts
@@ -102,6 +110,8 @@ class Strategy:
             raise ValueError(f"num_paths must be >= 1, got num_paths={self.num_paths}")
         if self.shape == "delayed" and not self.trunk < self.depth:
             raise ValueError(f"trunk must be < depth, got trunk={self.trunk}, depth={self.depth}")
+        if self.shape == "nde" and self.adaptive:
+            raise ValueError("strategy 'nde' chooses every step's tree itself; '+adaptive' does not apply to it")
         if self.shape == "dynatree":
             self.dynatree_params()  # validates D0 < DMAX and the budget
         if self.shape == "topk" and (self.top_k < 1 or self.budget < 1):
@@ -133,7 +143,7 @@ class Strategy:
             return 1 + self.depth
         if self.shape == "iid":
             return 1 + self.num_paths * self.depth
-        if self.shape == "delayed":
+        if self.shape in ("delayed", "nde"):
             return 1 + self.trunk + self.num_paths * (self.depth - self.trunk)
         return 1 + self.budget  # topk and dynatree: the node budget
 
@@ -163,6 +173,8 @@ class Strategy:
             return f"iid:{self.num_paths}x{self.depth}/{self.verifier}"
         if self.shape == "delayed":
             return f"delayed:{self.num_paths},{self.trunk},{self.depth - self.trunk}/{self.verifier}"
+        if self.shape == "nde":
+            return f"nde/{self.verifier}"
         if self.shape == "dynatree":
             return f"dynatree:{self.trunk},{self.depth - 1},{self.budget}/{self.verifier}"
         return f"topk:{self.depth},{self.top_k},{self.budget}/{self.verifier}"
@@ -203,6 +215,11 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
         if l2 < 1:
             raise ValueError(f"strategy {spec!r}: L2 must be >= 1")
         return Strategy(shape="delayed", depth=l1 + l2, num_paths=k, trunk=l1, verifier=v)
+    if shape == "nde":
+        if args and verifier and args != verifier:
+            raise ValueError(f"strategy {spec!r} names verifier {args!r} but verifier={verifier!r} was given")
+        k_max, l1_max, l2_max = NDE_BOUNDS
+        return Strategy(shape="nde", depth=l1_max + l2_max, num_paths=k_max, trunk=l1_max, verifier=args or v)
     if shape == "topk":
         depth, k, budget = _ints(args or "4,2,8", ",", 3, spec)
         return Strategy(shape="topk", depth=depth, top_k=k, budget=budget, verifier=v)
@@ -212,5 +229,5 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
             raise ValueError(f"strategy {spec!r}: need 1 <= D0 < DMAX")
         return Strategy(shape="dynatree", depth=dmax + 1, trunk=d0, budget=budget, verifier=v)
     raise ValueError(
-        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, topk:DEPTH,K,BUDGET or dynatree"
+        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, nde[:VERIFIER], topk:DEPTH,K,BUDGET or dynatree"
     )
