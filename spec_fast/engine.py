@@ -377,7 +377,8 @@ class SpeculativeDecoder:
             plain = draft_root_only(st.roots, "iid", self.device)
             return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
         return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
-                                  self._draft_law(st.sampling), st.generator, self.device, root=(root_logits, width))
+                                  self._draft_law(st.sampling), st.generator, self.device, root=(root_logits, width),
+                                  root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))
 
     def _draft_law(self, sampling: SamplingParams) -> Callable[[torch.Tensor], torch.Tensor]:
         """The distribution a sampled tree's drafter draws from: G(draft logits) at T > 0; at T = 0 the

@@ -126,12 +126,14 @@ class HiddenRecorder(Drafter):
 
 @dataclass(frozen=True)
 class NdeChoice:
-    """One step's choice: the action ``(K, L1, L2)``, its index in the selector's action space, and the
-    seconds the selector took."""
+    """One step's choice: the action ``(K, L1, L2)``, its index in the selector's action space, the
+    seconds the selector took, and the draft law at the root it computed."""
 
     action: tuple[int, int, int]
     index: int
     seconds: float
+    #: ``q_root [B, V]``: the draft law at the root, for the builder (computed once)
+    root_law: torch.Tensor | None = None
 
 
 class NdeSelector:
@@ -189,7 +191,7 @@ class NdeSelector:
         policy = torch.softmax(self.net(features).float(), dim=-1)  # [B, A]
         rows = torch.tensor([b for b in range(batch) if active[b]] or [0], device=device)
         index = int(policy.index_select(0, rows).mean(dim=0).argmax())
-        return NdeChoice(self.actions[index], index, time.perf_counter() - start)
+        return NdeChoice(self.actions[index], index, time.perf_counter() - start, q_root)
 
 
 def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,

@@ -72,8 +72,7 @@ def reference(target: Any) -> list[list[int]]:
     return [hf_greedy(target, p, NEW_TOKENS) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("verifier", ["specinfer", "khisti"])
+@pytest.mark.parametrize("seed,verifier", [(0, "specinfer"), (1, "khisti"), (2, "nss")])
 def test_greedy_nde_output_equals_greedy_ar(target: Any, reference: list[list[int]], seed: int, verifier: str) -> None:
     decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2), parse_strategy(f"nde:{verifier}"),
                                  selector=random_selector(32, seed))
@@ -105,7 +104,8 @@ def test_chosen_shape_changes_across_steps_and_each_tree_has_it(target: Any) -> 
     result = decoder.generate([prompt], max_new_tokens=new_tokens, sampling=SamplingParams(temperature=1.0, seed=3),
                               record_trees=True)
     assert len(result.metrics.nde_actions) >= 3  # at least three different actions were chosen
-    assert len(result.trees) == result.metrics.target_passes == result.metrics.selector_steps
+    assert len(result.trees) == result.metrics.target_passes
+    assert result.metrics.target_passes - 1 <= result.metrics.selector_steps <= result.metrics.target_passes
     # replay the context lengths: each step's tree is the delayed tree of CYCLE[|x| mod 5] (cut near the end)
     sequence_length = len(prompt)
     shapes = set()
@@ -207,3 +207,24 @@ def test_parse_nde_strategies() -> None:
             parse_strategy(bad)
     with pytest.raises(ValueError, match="names verifier"):
         parse_strategy("nde:nss", "spectr")
+
+
+@pytest.mark.model
+def test_smollm2_greedy_nde_with_the_committed_selector_equals_greedy_ar() -> None:
+    """SmolLM2 + the distilled draft + the committed selector weights (latency model from a fixed fit, so
+    the test does not run the warm-up). The committed policy picks the same action at every root of this
+    run (bench/results/selector.md says why), so the shape-change check is the crafted one above."""
+    from spec_fast.drafts.heads import load_distilled
+    from spec_fast.models import chat_prompt_ids, load_model
+    from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
+    from spec_fast.selector_training import load_selector
+
+    model, tokenizer = load_model()
+    net, _ = load_selector(DEFAULT_SELECTOR_WEIGHTS)
+    decoder = SpeculativeDecoder(model, ModelDrafter(load_distilled(model)), parse_strategy("nde"),
+                                 selector=NdeSelector(net, LATENCY))
+    prompt = chat_prompt_ids(tokenizer, "Name three colours of the rainbow.")
+    result = decoder.generate([prompt], max_new_tokens=12)
+    assert result.tokens == [hf_greedy(model, prompt, 12)]
+    # every step chose a shape, but a last step with one token left, which drafts nothing
+    assert result.metrics.target_passes - 1 <= result.metrics.selector_steps <= result.metrics.target_passes
