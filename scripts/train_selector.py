@@ -81,7 +81,7 @@ def _markdown(meta: dict[str, object], reports: dict[str, dict[str, object]], ac
               f"- Dataset: {header.get('roots')} roots, {header.get('trees_per_root')} shared draw(s) per root "
               f"(seed 002 averages 4), built in {header.get('seconds')} s by `{header.get('command')}`; latency model "
               f"(warm-up on the machine that built it): {json.dumps(header.get('latency_model'))}.",
-              "- Offline numbers only: the engine cannot decode with the selector yet, so no tok/s were measured."]
+              "- Offline numbers only (no decoding timed here); decoding with the selector (`--strategy nde`) is measured by `python bench/selector.py` in bench/results/selector.md."]
     lines += ["", "Actions the policy chose on held-out roots (K, L1, L2): count", ""]
     policy_actions = held["policy_actions"]
     assert isinstance(policy_actions, dict)

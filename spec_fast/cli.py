@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge) or "
                           "only the more confident head's tree each step (route); needs a chain or topk strategy")
     gen.add_argument("--strategy", default=None,
-                     help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | topk:DEPTH,K,BUDGET | "
+                     help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | nde[:VERIFIER] (per-step delayed tree chosen by the "
+                          f"NDE selector; needs a model draft) | topk:DEPTH,K,BUDGET | "
                           f"dynatree[:D0,DMAX,BUDGET][,key=value...] (DynaTree keys: tau_high, tau_low, prune, "
                           f"window, ...; spec_fast.strategies), optionally +adaptive (plain steps while drafting does not "
                           f"pay); default {DEFAULT_STRATEGY} with a named draft, {DEFAULT_UNTRAINED_STRATEGY} "

@@ -265,19 +265,23 @@ def _forward_frontier(drafter: Drafter, state: Any, trees: list[RowTree], fronti
 def draft_delayed_tree(
     drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
     num_paths: int, trunk: int, draft_law: DraftLaw, generator: torch.Generator, device: torch.device,
+    root: tuple[torch.Tensor, int] | None = None, root_law: torch.Tensor | None = None,
 ) -> DraftBatch:
     """Delayed (K, L1, L2) tree (seed 002 (docs/papers.md) Def. 5.2): ``trunk`` = L1 tokens drawn one at a time, then
     ``num_paths`` = K i.i.d. branches to ``depth``; children merged by token, draw order kept (the draws
-    of :func:`spec_ref.draft_delayed_tree`). ``trunk = 0`` is the i.i.d. K x L tree."""
+    of :func:`spec_ref.draft_delayed_tree`). ``trunk = 0`` is the i.i.d. K x L tree. ``root``: the
+    ``(root_logits [B, 1, V], width)`` of a :func:`pending_forward` the caller already ran (the NDE
+    selector reads them before it picks the shape); ``root_law [B, 1, V]``: ``draft_law`` of those root
+    logits when the caller has it already."""
     batch = len(pending)
-    logits, width = pending_forward(drafter, state, pending, device)
+    logits, width = root if root is not None else pending_forward(drafter, state, pending, device)
     trees = [RowTree(width - 1) for _ in range(batch)]
     frontier: list[list[int]] = [[0] for _ in range(batch)]
     q_of: list[dict[int, torch.Tensor]] = [{} for _ in range(batch)]
     for tr in trees:
         tr.paths[0] = list(range(num_paths))
     for level in range(depth):
-        q = draft_law(logits)  # [B, F, V]
+        q = root_law if level == 0 and root_law is not None else draft_law(logits)  # [B, F, V]
         fmax = q.shape[1]
         draws_needed = 1 if level < trunk else num_paths
         samples = torch.multinomial(q.reshape(batch * fmax, -1), draws_needed, replacement=True, generator=generator)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,12 +40,13 @@ from spec_fast.adaptive import AdaptiveController
 from spec_fast.decoding import SamplingParams, sampling_probs
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import (
-    DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
+    DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree, pending_forward,
 )
 from spec_fast.drafts.dual import DualDraft, DualDrafter, merge_trees, route, union_tree
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
+from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, load_nde_selector
 from spec_fast.rng import counter_uniforms
 from spec_fast.strategies import Strategy
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
@@ -84,6 +85,8 @@ class DecodeState:
     active: list[bool]
     dyna_history: list[DynaTreeHistory]
     root_logits: torch.Tensor | None = None
+    #: ``nde``: the target's (logits ``[B, V]``, final hidden state ``[B, H]``) at the token before the root
+    nde_previous: tuple[torch.Tensor, torch.Tensor] | None = None
     root_hidden: torch.Tensor | None = None
     uniform_offset: int = 0
     steps: int = 0
@@ -117,11 +120,23 @@ class SpeculativeDecoder:
     ``drafter`` may be None only for ``Strategy(shape="ar")``; a :class:`~spec_fast.drafts.dual.DualDrafter`
     needs a ``chain`` or ``topk`` strategy (each head drafts that deterministic tree). Target and drafter
     must share the vocabulary. ``generate`` takes a batch of token-id prompts (ragged allowed).
+
+    ``strategy.shape == "nde"`` needs a drafter that exposes its hidden states (``ValueError`` otherwise)
+    and uses ``selector`` (default: :func:`spec_fast.nde.load_nde_selector`, the committed weights and a
+    latency model measured on this machine).
     """
 
-    def __init__(self, target: Any, drafter: Drafter | None, strategy: Strategy) -> None:
+    def __init__(self, target: Any, drafter: Drafter | None, strategy: Strategy,
+                 selector: NdeSelector | None = None) -> None:
         if strategy.drafts and drafter is None:
             raise ValueError(f"strategy {strategy.label()!r} needs a drafter, got drafter=None")
+        self.selector: NdeSelector | None = None
+        if strategy.shape == "nde":
+            drafter = check_nde_drafter(drafter)
+            self.selector = selector if selector is not None else load_nde_selector(
+                target, drafter, device=next(target.parameters()).device)
+            self.selector.check_sizes(int(target.get_output_embeddings().weight.shape[1]), drafter.draft_hidden_size,
+                                      (strategy.num_paths, strategy.trunk, strategy.depth - strategy.trunk))
         if isinstance(drafter, DualDrafter) and strategy.shape not in ("chain", "topk"):
             raise ValueError(f"a dual draft needs a deterministic 'chain' or 'topk' strategy per head, got "
                              f"strategy {strategy.label()!r}")
@@ -221,10 +236,14 @@ class SpeculativeDecoder:
         drafters: tuple[Drafter, ...] = ()
         if self.strategy.drafts and self.drafter is not None:
             drafters = self.dual.heads if self.dual is not None else (self.drafter,)
-        # trained heads read the verifier's hidden states of every committed entry (seed 000 (docs/papers.md) section 7)
-        wants_hidden = any(bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
+        nde = self.selector is not None
+        if nde and self.drafter is not None:  # per call: the recorder keeps this call's draft outputs
+            drafters = (HiddenRecorder(self.drafter),)
+        # trained heads read the verifier's hidden states of every committed entry (seed 000 (docs/papers.md)
+        # section 7); the NDE selector reads the target's at the token before each root
+        wants_hidden = nde or any(bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
         target_cache = TreeKVCache(self.target, batch, self.device)
-        root_logits, root_hidden, observe = self._prefill(target_cache, prompts, wants_hidden)
+        root_logits, root_hidden, observe, previous = self._prefill(target_cache, prompts, wants_hidden, nde)
         # +adaptive steers greedy calls only: at T > 0 the kind of a step changes which sample a seed gives
         controller = self.controller if sampling.greedy else None
         # a controller that prefers plain steps skips the draft prefill: the prompt waits as pending tokens
@@ -251,8 +270,9 @@ class SpeculativeDecoder:
             generator=torch.Generator(device=self.device).manual_seed(sampling.seed), metrics=metrics,
             controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
             outputs=[[] for _ in range(batch)], committed=[list(p) for p in prompts], active=[True] * batch,
-            dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)], root_logits=root_logits,
-            root_hidden=root_hidden, trees=[] if record_trees else None,
+            dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
+            root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
+            nde_previous=previous,
         )
 
     def _step(self, st: DecodeState) -> list[list[int]]:
@@ -269,6 +289,10 @@ class SpeculativeDecoder:
         root_in_cache = st.root_logits is not None
         target_logits, hidden = self._target_phase(st, draft)
         verified = self._verify_phase(st, draft, dual, target_logits)
+        if self.selector is not None and hidden is not None:
+            # the target at the new root's preceding token: the accepted path's last slot
+            last = verified.accepted_slots.gather(1, verified.accepted_depth.unsqueeze(1))  # [B, 1]
+            st.nde_previous = (_take_slot(target_logits, last), _take_slot(hidden, last))
         new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, root_in_cache, depth_cap)
         if st.controller is not None and not root_in_cache:  # the first step's timing is not a step's
             st.controller.observe(depth_cap >= 1, sum(emitted_per_row) / max(len(emitted_per_row), 1),
@@ -296,6 +320,8 @@ class SpeculativeDecoder:
                 dual = (merge_trees if st.sampling.greedy else union_tree)(drafts[0], drafts[1])
             return dual.batch, dual
         head = st.heads[0]
+        if strategy.shape == "nde":
+            return self._draft_nde(st, head, depth_cap), None
         args = (head.drafter, head.state, head.pending, st.roots, depth_cap)
         if strategy.shape == "chain":
             draft = draft_chain(*args, self._draft_law(st.sampling), st.sampling.greedy, st.generator, self.device)
@@ -313,6 +339,47 @@ class SpeculativeDecoder:
                                                          pending_depth=depths[b])
         head.pending_width = draft.pending_width
         return draft, None
+
+    def _draft_nde(self, st: DecodeState, head: HeadTrack, depth_cap: int) -> DraftBatch:
+        """The selector picks (K, L1, L2) from the root features (:mod:`spec_fast.nde`), then the delayed
+        builder drafts that tree below the root logits of the pending forward (L1 + L2 = 0: the root alone)."""
+        recorder, selector = head.drafter, self.selector
+        assert isinstance(recorder, HiddenRecorder) and selector is not None and st.nde_previous is not None
+        root_logits, width = pending_forward(recorder, head.state, head.pending, self.device)
+        batch = len(head.pending)
+        draft_logits_root, draft_hidden_root = recorder.entry_outputs(
+            torch.full((batch,), width - 1, dtype=torch.long, device=self.device))
+        # the token before the root: pending (then this block's entry width - 2) or the last committed entry
+        draft_logits_prev, draft_hidden_prev = (recorder.last_logits, recorder.last_hidden)
+        if width >= 2:
+            pending_logits, pending_hidden = recorder.entry_outputs(
+                torch.full((batch,), width - 2, dtype=torch.long, device=self.device))
+            in_block = torch.tensor([len(p) >= 2 for p in head.pending], device=self.device).unsqueeze(1)
+            if draft_logits_prev is None or draft_hidden_prev is None:
+                draft_logits_prev, draft_hidden_prev = pending_logits, pending_hidden
+            else:
+                draft_logits_prev = torch.where(in_block, pending_logits, draft_logits_prev)
+                draft_hidden_prev = torch.where(in_block, pending_hidden, draft_hidden_prev)
+        if draft_logits_prev is None or draft_hidden_prev is None:  # a one-token prompt: no token before it
+            draft_logits_prev, draft_hidden_prev = draft_logits_root, draft_hidden_root
+        target_logits_prev, target_hidden_prev = st.nde_previous
+        choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
+                                 draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
+                                 st.sampling, self._draft_law(st.sampling))
+        metrics = st.metrics
+        metrics.selector_s += choice.seconds
+        metrics.selector_steps += 1
+        name = ",".join(str(v) for v in choice.action)
+        metrics.nde_actions[name] = metrics.nde_actions.get(name, 0) + 1
+        num_paths, trunk, branch = choice.action
+        depth = min(trunk + branch, depth_cap)  # near max_new_tokens the tree is cut (branches first)
+        head.pending_width = width
+        if depth == 0:  # a plain step; the drafter has consumed its pending tokens, the root is entry width - 1
+            plain = draft_root_only(st.roots, "iid", self.device)
+            return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
+        return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
+                                  self._draft_law(st.sampling), st.generator, self.device, root=(root_logits, width),
+                                  root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))
 
     def _draft_law(self, sampling: SamplingParams) -> Callable[[torch.Tensor], torch.Tensor]:
         """The distribution a sampled tree's drafter draws from: G(draft logits) at T > 0; at T = 0 the
@@ -464,8 +531,9 @@ class SpeculativeDecoder:
         return tokens.to(self.device), parents.to(self.device), torch.tensor(lengths, device=self.device), width
 
     def _prefill(
-        self, state: TreeKVCache, prompts: list[list[int]], hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+        self, state: TreeKVCache, prompts: list[list[int]], hidden: bool = False, previous: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+               tuple[torch.Tensor, torch.Tensor] | None]:
         """Prefill the target with every prompt token and commit them.
 
         Returns ``(root_logits [B, V], root_hidden [B, 1, H] or None, observe)``: the logits (and, with
@@ -473,21 +541,29 @@ class SpeculativeDecoder:
         ``observe = (hidden [B, W, H], keep [B, W], counts [B])`` of the entries before the root for
         :meth:`Drafter.observe_target` (None without ``hidden`` or when no prompt has an entry before it).
         Only the logits from the shortest prompt's root onwards are computed (HF ``logits_to_keep``).
+        ``previous`` (needs ``hidden``) also returns the logits ``[B, V]`` and final hidden state ``[B, H]`` at
+        the token before each root (the root's own for a one-token prompt), for the NDE selector.
         """
         tokens, parents, lengths, width = self._chain_block(prompts, drop_last=False)
         root_index = lengths - 1  # [B]
         lowest_root = min(len(p) for p in prompts) - 1
+        if previous:
+            lowest_root = max(lowest_root - 1, 0)
         out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=width - lowest_root)
         keep = torch.arange(width, device=self.device).expand(len(prompts), width)
         state.commit(keep, lengths)
         rows = torch.arange(len(prompts), device=self.device)
         root_logits = out.logits[rows, root_index - lowest_root]  # [B, V]
         if not hidden:
-            return root_logits, None, None
+            return root_logits, None, None, None
         states = out.hidden_states[-1]  # [B, W, H]
         root_hidden = states[rows, root_index].unsqueeze(1)
         observe = (states, keep, root_index) if width > 1 else None  # root_index = entries before the root
-        return root_logits, root_hidden, observe
+        before = None
+        if previous:
+            prev_index = (root_index - 1).clamp(min=0)
+            before = (out.logits[rows, prev_index - lowest_root], states[rows, prev_index])
+        return root_logits, root_hidden, observe, before
 
     def _prefill_drafter(self, drafter: Drafter, state: Any, prompts: list[list[int]]) -> bool:
         """Feed every prompt token but the root to ``drafter``; True when that took a pass."""
@@ -552,6 +628,11 @@ def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) ->
     if not aligned or not counts or any(c != counts[0] for c in counts):
         return False
     return all(row[: counts[0]] == list(range(counts[0])) for row in keep)
+
+
+def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``values [B, N, X]`` at ``slots [B, 1]`` -> ``[B, X]``."""
+    return values.gather(1, slots.unsqueeze(2).expand(-1, 1, values.shape[2])).squeeze(1)
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -53,6 +53,11 @@ class GenerationMetrics:
     #: count for neither)
     head_accepted_tokens: list[int] = field(default_factory=list)
     head_selected: list[int] = field(default_factory=list)
+    #: ``--strategy nde``: seconds spent in the selector (features, network, the choice read back), the
+    #: steps it chose a shape for, and how often it chose each action ``"K,L1,L2"``
+    selector_s: float = 0.0
+    selector_steps: int = 0
+    nde_actions: dict[str, int] = field(default_factory=dict)
 
     @property
     def block_efficiency(self) -> float:
@@ -83,6 +88,11 @@ class GenerationMetrics:
         return committed / drafted_depth if drafted_depth else 0.0
 
     @property
+    def selector_ms(self) -> float:
+        """Mean milliseconds of the NDE selector per step (0 without it)."""
+        return 1000 * self.selector_s / self.selector_steps if self.selector_steps else 0.0
+
+    @property
     def per_depth_acceptance(self) -> list[float]:
         return [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)]
 
@@ -110,5 +120,6 @@ class GenerationMetrics:
             per_depth_acceptance=self.per_depth_acceptance,
             mean_accepted_length=self.mean_accepted_length,
             acceptance_rate=self.acceptance_rate,
+            selector_ms=self.selector_ms,
         )
         return out

@@ -13,6 +13,9 @@ A :class:`Strategy` names a tree shape and a verifier:
                branches of ``L2`` tokens (seed 002 (docs/papers.md) Def 5.2)
 ``topk``       deterministic budgeted top-k tree (EAGLE-2;  ``nss`` (the only lossless sampling choice,
                same rule as :func:`spec_ref.draft_topk_tree`) docs/algorithms.md section 2)
+``nde``        a delayed tree per step, its (K, L1, L2)      ``specinfer`` (default), ``spectr``,
+               chosen by the NDE selector (seed 002           ``khisti``, ``naive_tree``, ``nss``
+               (docs/papers.md) section 6; spec_fast.nde)
 ``dynatree``   DynaTree adaptive tree (breadth by draft      ``nss``; greedy commit at T = 0
                confidence, depth gating, probability
                pruning, history adjustment; the decisions
@@ -28,7 +31,7 @@ decoding steps while speculation does not pay (measured tokens per second of spe
 steps, re-probed every few steps); both kinds of steps are exact, so the output law is unchanged.
 
 Strings accepted by :func:`parse_strategy` (CLI ``--strategy``): ``ar``, ``chain:L``, ``iid:KxL``,
-``delayed:K,L1,L2``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
+``delayed:K,L1,L2``, ``nde`` or ``nde:VERIFIER``, ``topk:DEPTH,K,BUDGET``, ``dynatree`` or ``dynatree:D0,DMAX,BUDGET``
 (seed depths as in seed 003: the DraftTree depth is ``DMAX + 1``).
 
 DynaTree parameters (seed 003 (docs/papers.md) Algorithm 1; :class:`spec_ref.dynatree.DynaTreeParams`)
@@ -84,6 +87,7 @@ SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
     "delayed": ("specinfer", "naive_tree", "nss", "spectr", "khisti", "traversal"),
     "topk": ("nss",),
     "dynatree": ("nss",),
+    "nde": ("specinfer", "spectr", "khisti", "naive_tree", "nss"),
 }
 #: DynaTree keys of the strategy string besides the three structural ones (DynaTreeParams fields and the
 #: history window), with their type; aliases map to the canonical key.
@@ -96,6 +100,9 @@ DYNATREE_ALIASES = {"d0": "base_depth", "dmax": "max_depth", "budget": "node_bud
 DEFAULT_DYNATREE_WINDOW = 4
 #: One DynaTree option value.
 DynaTreeValue = Union[int, float]
+#: The NDE action space bounds of seed 002 eq. (8): K <= 4, L1 <= 8, L2 <= 8 (an ``nde`` strategy holds them
+#: as ``num_paths``, ``trunk`` and ``depth - trunk``, its largest tree).
+NDE_BOUNDS = (4, 8, 8)
 #: Trees larger than this are refused (per prompt; the engine allocates ``[B, N, V]`` tensors).
 MAX_TREE_NODES = 1024
 #: The vocabulary and the per-(node, token) bytes the size error's memory estimate assumes (SmolLM2's V;
@@ -104,6 +111,7 @@ ESTIMATE_VOCAB = 49152
 BYTES_PER_NODE_AND_TOKEN = 32
 _DEFAULT_VERIFIER = {
     "ar": "greedy", "chain": "naive", "iid": "specinfer", "delayed": "specinfer", "topk": "nss", "dynatree": "nss",
+    "nde": "specinfer",
 }
 
 #: The CLI default with a trained or retrieval draft. ``chain:2`` is the fastest greedy shape on prompts
@@ -152,6 +160,8 @@ class Strategy:
             raise ValueError(f"trunk must be < depth, got trunk={self.trunk}, depth={self.depth}")
         if self.dynatree_options and self.shape != "dynatree":
             raise ValueError(f"dynatree_options need shape 'dynatree', got shape={self.shape!r}")
+        if self.shape == "nde" and self.adaptive:
+            raise ValueError("strategy 'nde' chooses every step's tree itself; '+adaptive' does not apply to it")
         if self.shape == "dynatree":
             object.__setattr__(self, "dynatree_options", _canonical_options(self.dynatree_options))
             self.dynatree_params()  # validates every parameter (ValueError naming it)
@@ -184,7 +194,7 @@ class Strategy:
             return 1 + self.depth
         if self.shape == "iid":
             return 1 + self.num_paths * self.depth
-        if self.shape == "delayed":
+        if self.shape in ("delayed", "nde"):
             return 1 + self.trunk + self.num_paths * (self.depth - self.trunk)
         return 1 + self.budget  # topk and dynatree: the node budget
 
@@ -233,6 +243,8 @@ class Strategy:
             return f"iid:{self.num_paths}x{self.depth}/{self.verifier}"
         if self.shape == "delayed":
             return f"delayed:{self.num_paths},{self.trunk},{self.depth - self.trunk}/{self.verifier}"
+        if self.shape == "nde":
+            return f"nde/{self.verifier}"
         if self.shape == "dynatree":
             extra = "".join(f",{k}={v}" for k, v in self.dynatree_options)
             return f"dynatree:{self.trunk},{self.depth - 1},{self.budget}{extra}/{self.verifier}"
@@ -344,11 +356,16 @@ def parse_strategy(spec: str, verifier: str | None = None) -> Strategy:
         if l2 < 1:
             raise ValueError(f"strategy {spec!r}: L2 must be >= 1")
         return Strategy(shape="delayed", depth=l1 + l2, num_paths=k, trunk=l1, verifier=v)
+    if shape == "nde":
+        if args and verifier and args != verifier:
+            raise ValueError(f"strategy {spec!r} names verifier {args!r} but verifier={verifier!r} was given")
+        k_max, l1_max, l2_max = NDE_BOUNDS
+        return Strategy(shape="nde", depth=l1_max + l2_max, num_paths=k_max, trunk=l1_max, verifier=args or v)
     if shape == "topk":
         depth, k, budget = _ints(args or "4,2,8", ",", 3, spec)
         return Strategy(shape="topk", depth=depth, top_k=k, budget=budget, verifier=v)
     if shape == "dynatree":
         return _parse_dynatree(args, spec, v)
     raise ValueError(
-        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, topk:DEPTH,K,BUDGET or dynatree"
+        f"unknown strategy {spec!r}; use ar, chain:L, iid:KxL, delayed:K,L1,L2, nde[:VERIFIER], topk:DEPTH,K,BUDGET or dynatree"
     )

@@ -59,6 +59,15 @@ class Drafter:
         the committed entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``) in order."""
         return None
 
+    #: width of the final hidden states :meth:`forward_hidden` returns; 0 = this drafter exposes none (the
+    #: NDE selector, which reads the draft's hidden states, refuses such drafters)
+    draft_hidden_size: int = 0
+
+    def forward_hidden(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` plus the final hidden states: ``(logits [B, Q, V], hidden [B, Q, draft_hidden_size])``."""
+        raise NotImplementedError(f"{type(self).__name__} exposes no hidden states (draft_hidden_size = 0)")
+
 
 class ModelDrafter(Drafter):
     """Any HF causal LM as a drafter (it must share the target's vocabulary)."""
@@ -66,6 +75,7 @@ class ModelDrafter(Drafter):
     def __init__(self, model: Any) -> None:
         self.model = model
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.draft_hidden_size = int(model.get_output_embeddings().weight.shape[1])
 
     def begin(self, batch_size: int, device: torch.device) -> TreeKVCache:
         return TreeKVCache(self.model, batch_size, device)
@@ -73,6 +83,11 @@ class ModelDrafter(Drafter):
     def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = state.forward(tokens, parents).logits
         return logits
+
+    def forward_hidden(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = state.forward(tokens, parents, output_hidden_states=True)
+        return out.logits, out.hidden_states[-1]
 
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         state.commit(keep, counts, prefix_of_block)

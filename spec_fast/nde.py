@@ -1,0 +1,216 @@
+"""Decoding with the NDE selector (seed 002 (docs/papers.md) section 6): one delayed-tree shape per step.
+
+Each step of ``--strategy nde`` (:class:`~spec_fast.engine.SpeculativeDecoder`):
+
+1. the drafter consumes the row's pending tokens (ending with the root), as every builder does;
+2. :meth:`NdeSelector.choose` computes the appendix-E root features (:func:`spec_fast.selector.root_features`)
+   from tensors the step already has -- no extra target pass (seed 002 footnote 4):
+
+   * ``h_prev^p``, ``p_prev``: the target's final hidden state and ``G(logits)`` at the token before the
+     root, from the previous verification pass (the accepted path's last slot) or, on the first step,
+     from the prefill;
+   * ``h_prev^q``, ``q_prev``: the draft's at the token before the root: from this step's pending forward
+     when the drafter had that token pending, else the last entry it committed
+     (:class:`HiddenRecorder`); ``h_cur^q``, ``q_root``: the draft's at the root (pending forward);
+   * ``|x|``, temperature, top-p, and ``t_q(|x|)``, ``t_p(|x|)`` of the warm-up latency model
+     (:mod:`spec_fast.latency`, measured on the machine in use);
+
+   runs :class:`~spec_fast.selector.SelectorNet` and takes ``argmax`` of the policy. A batch gets one
+   shape per step: the argmax of the policy probabilities averaged over the active rows (the delayed
+   builder drafts one shape for the whole batch);
+3. the engine drafts that ``(K, L1, L2)`` delayed tree below the root logits of step 1 (L1 + L2 = 0: no
+   draft token, a plain step) and verifies it with the strategy's OT verifier.
+
+The shape is a function of the committed context only, fixed before any draft or verification draw of the
+step, so every step is an exact OT verification of a fixed-shape delayed tree and the output law is the
+target's (the sampling tests exercise per-step shape changes). The selector's own cost (features, network,
+the choice read back to the host) is timed per step into ``GenerationMetrics.selector_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.drafts.model import Drafter
+from spec_fast.latency import LatencyModel
+from spec_fast.selector import SelectorNet, root_features
+
+__all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector",
+           "check_nde_drafter"]
+
+DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
+                                        "selector.safetensors")
+
+
+def check_nde_drafter(drafter: Drafter | None) -> Drafter:
+    """The drafter if it exposes its hidden states (``draft_hidden_size > 0``), else a ``ValueError``."""
+    if drafter is None or int(getattr(drafter, "draft_hidden_size", 0)) < 1:
+        name = type(drafter).__name__ if drafter is not None else "None"
+        raise ValueError(
+            f"strategy 'nde' reads the draft model's hidden states, which drafter {name} does not expose; "
+            "use a model draft (e.g. --draft distilled or an early-exit/HF draft model)"
+        )
+    return drafter
+
+
+class HiddenRecorder(Drafter):
+    """A drafter wrapper made per ``generate`` call: forwards through :meth:`Drafter.forward_hidden` and
+    keeps the logits and final hidden states of the block entries since the last commit; on commit it
+    remembers each row's last kept entry (``last_logits [B, V]``, ``last_hidden [B, H]``), i.e. the last
+    token the drafter holds in its context. Everything else is delegated."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = check_nde_drafter(inner)
+        self.vocab_size = inner.vocab_size
+        self.draft_hidden_size = inner.draft_hidden_size
+        self.chunks: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (first entry, logits, hidden)
+        self.last_logits: torch.Tensor | None = None
+        self.last_hidden: torch.Tensor | None = None
+
+    def begin(self, batch_size: int, device: torch.device) -> Any:
+        return self.inner.begin(batch_size, device)
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        base = self.inner.num_block(state)
+        logits, hidden = self.inner.forward_hidden(state, tokens, parents)
+        self.chunks.append((base, logits, hidden))
+        return logits
+
+    def forward_hidden(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.forward(state, tokens, parents)
+        return self.chunks[-1][1], self.chunks[-1][2]
+
+    def entry_outputs(self, entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits [B, V], hidden [B, H])`` at block entry ``entries[b]`` of each row (``entries [B]``,
+        entries of this block only)."""
+        logits_out: torch.Tensor | None = None
+        hidden_out: torch.Tensor | None = None
+        for base, logits, hidden in self.chunks:
+            width = int(logits.shape[1])
+            local = (entries - base).clamp(0, width - 1)
+            inside = ((entries >= base) & (entries < base + width)).unsqueeze(1)
+            got_l = logits.gather(1, local.view(-1, 1, 1).expand(-1, 1, logits.shape[2])).squeeze(1)
+            got_h = hidden.gather(1, local.view(-1, 1, 1).expand(-1, 1, hidden.shape[2])).squeeze(1)
+            logits_out = got_l if logits_out is None else torch.where(inside, got_l, logits_out)
+            hidden_out = got_h if hidden_out is None else torch.where(inside, got_h, hidden_out)
+        if logits_out is None or hidden_out is None:
+            raise ValueError("the drafter has no block entries since its last commit")
+        return logits_out, hidden_out
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        if self.chunks:
+            last = keep.gather(1, (counts - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+            logits, hidden = self.entry_outputs(last)
+            kept = (counts > 0).unsqueeze(1)
+            if self.last_logits is not None and self.last_hidden is not None:
+                logits = torch.where(kept, logits, self.last_logits)
+                hidden = torch.where(kept, hidden, self.last_hidden)
+            self.last_logits, self.last_hidden = logits, hidden
+        self.chunks = []
+        self.inner.commit(state, keep, counts, prefix_of_block)
+
+    def num_block(self, state: Any) -> int:
+        return self.inner.num_block(state)
+
+    def passes(self, state: Any) -> int:
+        return self.inner.passes(state)
+
+
+@dataclass(frozen=True)
+class NdeChoice:
+    """One step's choice: the action ``(K, L1, L2)``, its index in the selector's action space, the
+    seconds the selector took, and the draft law at the root it computed."""
+
+    action: tuple[int, int, int]
+    index: int
+    seconds: float
+    #: ``q_root [B, V]``: the draft law at the root, for the builder (computed once)
+    root_law: torch.Tensor | None = None
+
+
+class NdeSelector:
+    """A trained :class:`SelectorNet` plus the latency model of the machine in use (eq. 11's t_q, t_p)."""
+
+    def __init__(self, net: SelectorNet, latency: LatencyModel) -> None:
+        self.net = net.eval()
+        self.latency = latency
+        self.actions = net.config.actions
+
+    def check_sizes(self, target_hidden_size: int, draft_hidden_size: int, bounds: tuple[int, int, int]) -> None:
+        config = self.net.config
+        if (config.target_hidden_size, config.draft_hidden_size) != (target_hidden_size, draft_hidden_size):
+            raise ValueError(
+                f"the selector expects hidden sizes (target {config.target_hidden_size}, draft "
+                f"{config.draft_hidden_size}), the models have (target {target_hidden_size}, draft {draft_hidden_size})"
+            )
+        have = (config.max_branches, config.max_trunk, config.max_branch_length)
+        if any(h > b for h, b in zip(have, bounds)):
+            raise ValueError(f"the selector's action bounds (K, L1, L2) <= {have} exceed the strategy's {bounds}")
+
+    @torch.no_grad()
+    def choose(
+        self,
+        target_hidden_prev: torch.Tensor,
+        target_logits_prev: torch.Tensor,
+        draft_hidden_prev: torch.Tensor,
+        draft_logits_prev: torch.Tensor,
+        draft_hidden_root: torch.Tensor,
+        draft_logits_root: torch.Tensor,
+        context_lengths: Sequence[int],
+        active: Sequence[bool],
+        sampling: SamplingParams,
+        draft_law: Callable[[torch.Tensor], torch.Tensor],
+    ) -> NdeChoice:
+        """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring):
+        ``p = G(target logits)``, ``q = draft_law(draft logits)`` (the law the drafter samples from)."""
+        start = time.perf_counter()
+        device = target_logits_prev.device
+        batch = int(target_logits_prev.shape[0])
+        p_prev = sampling_probs(target_logits_prev, sampling)
+        q_prev = draft_law(draft_logits_prev.unsqueeze(1))[:, 0]
+        q_root = draft_law(draft_logits_root.unsqueeze(1))[:, 0]
+        lengths = [int(n) for n in context_lengths]
+
+        def column(values: Sequence[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        features = root_features(
+            target_hidden_prev, draft_hidden_prev, draft_hidden_root, p_prev, q_prev, q_root,
+            column([float(n) for n in lengths]), column([sampling.temperature] * batch),
+            column([sampling.top_p] * batch), column([self.latency.draft_time(n) for n in lengths]),
+            column([self.latency.target_time(n) for n in lengths]), validate=False,
+        )
+        policy = torch.softmax(self.net(features).float(), dim=-1)  # [B, A]
+        rows = torch.tensor([b for b in range(batch) if active[b]] or [0], device=device)
+        index = int(policy.index_select(0, rows).mean(dim=0).argmax())
+        return NdeChoice(self.actions[index], index, time.perf_counter() - start, q_root)
+
+
+def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
+                      latency_cache: str | None = "default", device: torch.device | str = "cpu") -> NdeSelector:
+    """The committed selector weights (``path``, default :data:`DEFAULT_SELECTOR_WEIGHTS`) and a latency
+    model measured on this machine by the warm-up microbenchmark (cached per machine/configuration in
+    ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always measures)."""
+    from spec_fast.drafts.model import ModelDrafter
+    from spec_fast.latency import cache_key, load_or_measure, measure_latency
+    from spec_fast.selector_training import load_selector
+
+    check_nde_drafter(drafter)
+    net, _ = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
+    if latency_cache == "default":
+        latency_cache = os.path.join(os.path.expanduser("~"), ".cache", "spec_verify", "latency.json")
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    name = str(getattr(target.config, "_name_or_path", "") or type(target).__name__)
+    key = cache_key(name, type(drafter).__name__ + f"/{drafter.draft_hidden_size}",
+                    str(next(target.parameters()).dtype), device)
+    latency = load_or_measure(latency_cache, key,
+                              lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
+    return NdeSelector(net.to(device), latency)
