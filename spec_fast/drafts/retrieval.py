@@ -255,6 +255,18 @@ class RetrievalDrafter(Drafter):
     def passes(self, state: Any) -> int:
         return int(state.passes)
 
+    def absorb(self, state: Any, tokens: Sequence[Sequence[int]]) -> None:
+        """Append committed ``tokens`` per row without computing their laws: what ``forward`` then
+        ``commit`` of the whole chain leave in the state (a prompt's laws are never read), at a fraction
+        of the cost (no ``[B, Q, V]`` logits; about 0.5 s for a 600-token prompt otherwise)."""
+        for b, row in enumerate(tokens):
+            state.committed[b].extend(int(t) for t in row)
+
+    def match_length(self, state: Any, row: int, pending: Sequence[int]) -> int:
+        """The match length of :meth:`sparse_law` at the end of row ``row``'s committed tokens and
+        ``pending`` (the context the next draft starts from): a cheap forecast of the draft's acceptance."""
+        return int(self.sparse_law(state.committed[row] + list(pending))[0])
+
 
 def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16) -> RetrievalDrafter:
     """A :class:`RetrievalDrafter` over the committed datastore (or ``path``)."""
