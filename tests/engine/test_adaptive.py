@@ -144,6 +144,11 @@ def test_the_retrieval_draft_absorbs_a_prompt_as_its_forward_pass_would_and_fore
     assert absorbed.committed == by_pass.committed and absorbed.block_tokens == by_pass.block_tokens == [[]]
     assert drafter.match_length(absorbed, 0, [6]) == 3  # "5 6" then 6: own text "4 5 6" ... 3 tokens
     assert drafter.match_length(absorbed, 0, [15]) == 0
+    rng = __import__("random").Random(0)
+    for _ in range(200):  # the forecast is sparse_law's match length, without its law
+        tail = [rng.randrange(10) for _ in range(rng.randrange(1, 4))]
+        expected = drafter.sparse_law(absorbed.committed[0] + tail)[0]
+        assert drafter.match_length(absorbed, 0, tail) == expected, tail
 
 
 def test_greedy_retrieval_adaptive_output_equals_plain_decoding_whatever_the_hints() -> None:
