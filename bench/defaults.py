@@ -83,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
 
     rows: list[dict[str, Any]] = []
+    loads: list[float] = []  # the machine is shared: its 1-minute load average at the start of every prompt
     identical = True
     for workload, prompts in workloads.items():
         totals = {name: [0, 0.0, 0, 0] for name in CONFIGURATIONS}  # tokens, seconds, target passes, prompt tokens
         ratios: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
         for text in prompts:
+            loads.append(os.getloadavg()[0])
             ids = chat_prompt_ids(tokenizer, text)
             reference: list[int] | None = None
             per_prompt = {name: [0, 0.0] for name in CONFIGURATIONS}
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": f"SmolLM2-135M-Instruct float32, greedy, draft {args.draft}, {args.prompts} prompts per "
                     f"workload x {args.max_new_tokens} new tokens (EOS ends a reply early)",
         "greedy outputs identical to ar": identical,
+        "load average": f"{min(loads):.1f}-{max(loads):.1f} (1-minute, at the start of each prompt, {os.cpu_count()} CPUs)",
         "worst median speedup over the workloads": ", ".join(f"{k} {v:.2f}x" for k, v in worst.items()),
         "caveat": "short run on a 2-core machine shared with other jobs: absolute rates are noisy, read the "
                   "ratios (configurations interleaved A B C D D C B A on every prompt)",

@@ -170,7 +170,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
 
     from spec_fast.drafts.model import Drafter
     from spec_fast.engine import SpeculativeDecoder
-    from spec_fast.models import load_model
+    from spec_fast.models import load_cached_lean, load_model
 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
@@ -180,13 +180,21 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     key = (source, settings.dtype, settings.device, settings.lean, settings.quantize)
     if not _LOADED or _LOADED[0].key != key:
         _LOADED.clear()
-        hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
-                                         gguf_file=source.gguf_file, notify=notify)
-        model = hf_model
-        if settings.lean:
-            from spec_fast.models import lean_model
+        cached = None
+        if settings.dtype == "float32" and settings.quantize == "none" and _needs_no_hf_modules(settings):
+            # the model cache read without transformers: the same logits, seconds sooner
+            cached = load_cached_lean(source.path, source.gguf_file, settings.device)
+        if cached is not None:
+            model, tokenizer = cached
+            hf_model = None
+        else:
+            hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
+                                             gguf_file=source.gguf_file, notify=notify)
+            model = hf_model
+            if settings.lean:
+                from spec_fast.models import lean_model
 
-            model = lean_model(hf_model, settings.quantize if settings.quantize != "none" else "float32")
+                model = lean_model(hf_model, settings.quantize if settings.quantize != "none" else "float32")
         _LOADED.append(_Loaded(key, model, tokenizer, {}, hf_model))
     loaded = _LOADED[0]
     decoder_key = (settings.draft, settings.dual, settings.strategy)
@@ -218,7 +226,21 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
         return ModelDrafter(draft_model)
     from spec_fast.drafts.heads import load_drafter
 
+    if name == "retrieval":  # needs only the vocabulary size
+        return load_drafter(name, loaded.model)
+    if loaded.hf_model is None:  # the target came from the model cache without transformers
+        loaded.hf_model, _ = load_model(loaded.key[0].path, dtype=settings.dtype, device=settings.device,
+                                        gguf_file=loaded.key[0].gguf_file, notify=notify)
     return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
+
+
+def _needs_no_hf_modules(settings: GenerateSettings) -> bool:
+    """Whether the decoder of ``settings`` runs on a lean target alone: no draft or the model-free retrieval
+    draft (trained drafts are built from the HF model's modules; an early-exit draft of a lean target is
+    not checked against HF's bit for bit, and its law decides samples at T > 0)."""
+    if not settings.strategy.drafts:
+        return True
+    return all(name == "retrieval" for name in settings.draft.split(","))
 
 
 def complete(

@@ -279,7 +279,8 @@ class SpeculativeDecoder:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""
         remaining = max(st.max_new_tokens - len(st.outputs[b]) for b in range(len(st.active)) if st.active[b])
         depth_cap = min(self.strategy.depth, remaining - 1)
-        speculate = st.controller.speculate() if st.controller is not None else True
+        hint = self._match_hint(st) if st.controller is not None else 0
+        speculate = st.controller.speculate(hint) if st.controller is not None else True
         if not speculate or not self.strategy.drafts:
             depth_cap = 0
         step_start = time.perf_counter()
@@ -296,8 +297,21 @@ class SpeculativeDecoder:
         new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, root_in_cache, depth_cap)
         if st.controller is not None and not root_in_cache:  # the first step's timing is not a step's
             st.controller.observe(depth_cap >= 1, sum(emitted_per_row) / max(len(emitted_per_row), 1),
-                                  time.perf_counter() - step_start)
+                                  time.perf_counter() - step_start, hint)
         return new_tokens
+
+    def _match_hint(self, st: DecodeState) -> int:
+        """The ``+adaptive`` controller's forecast class of the next draft: the shortest match length over
+        the active rows where the single drafter reports one (retrieval), else 0. It is a function of the
+        tokens so far, so the controller's greedy choices stay deterministic."""
+        if self.dual is not None or not st.heads:
+            return 0
+        head = st.heads[0]
+        match_length = getattr(head.drafter, "match_length", None)
+        if match_length is None:
+            return 0
+        return min((int(match_length(head.state, b, head.pending[b])) for b in range(len(st.active)) if st.active[b]),
+                   default=0)
 
     # ------------------------------------------------------------------ phase 1: draft
     def _draft_phase(self, st: DecodeState, depth_cap: int) -> tuple[DraftBatch, DualDraft | None]:
@@ -567,6 +581,10 @@ class SpeculativeDecoder:
 
     def _prefill_drafter(self, drafter: Drafter, state: Any, prompts: list[list[int]]) -> bool:
         """Feed every prompt token but the root to ``drafter``; True when that took a pass."""
+        absorb = getattr(drafter, "absorb", None)
+        if absorb is not None:  # a drafter that needs no pass over a prompt (retrieval) just records it
+            absorb(state, [p[:-1] for p in prompts])
+            return False
         tokens, parents, lengths, width = self._chain_block(prompts)
         if width > 0:
             drafter.forward(state, tokens, parents)

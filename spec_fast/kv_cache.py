@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from spec_fast.tree_attention import additive_mask, extend_ancestors, tree_attention_mask
 
@@ -36,7 +35,12 @@ class TreeKVCache:
         # a model with its own cache layout (spec_fast.lean) provides it; the commit below only needs
         # ``cache.layers[i].keys/.values`` ``[B, H, S, D]``, and uses ``replace_tail`` where a layer has one
         make_cache = getattr(model, "make_tree_cache", None)
-        self.cache = make_cache(batch_size) if make_cache is not None else DynamicCache(config=model.config)
+        if make_cache is not None:
+            self.cache: Any = make_cache(batch_size)
+        else:  # imported here: a lean target (the model cache's fast load) never needs transformers
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache(config=model.config)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.context_size = 0
         self.ancestors = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)

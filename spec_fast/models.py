@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 __all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model",
-           "chat_prompt_ids", "parse_dtype"]
+           "load_cached_lean", "chat_prompt_ids", "parse_dtype"]
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -109,6 +109,26 @@ def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str |
                 notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
         return model.to(device), tokenizer
     return _from_pretrained(folder, gguf, dtype, device, local=source.local)
+
+
+def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, device: str = "cpu") -> tuple[Any, Any] | None:
+    """``(LeanLlama, tokenizer)`` read without transformers from the float32 model-cache entry of a local
+    GGUF model (default: SmolLM2-135M-Instruct), or None where there is no such entry or
+    :func:`spec_fast.lean.load.entry_supported` refuses it (then use :func:`load_model`). Its logits equal
+    those of ``load_model(name_or_path, gguf_file=gguf_file)``'s model bit for bit."""
+    from spec_fast.settings import resolve_model_source
+
+    source = resolve_model_source(name_or_path, gguf_file)
+    folder, gguf = (default_model_dir(), DEFAULT_GGUF) if source.path is None else (source.path, source.gguf_file)
+    if not gguf or not source.local:
+        return None
+    from spec_fast.cache import gguf_cache_dir
+    from spec_fast.lean.load import entry_supported, load_entry
+
+    entry = gguf_cache_dir(os.path.join(folder, gguf), "float32")
+    if not os.path.isdir(entry) or entry_supported(entry) is not None:
+        return None
+    return load_entry(entry, device)
 
 
 def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str, local: bool) -> tuple[Any, Any]:

@@ -96,10 +96,8 @@ class SuffixIndex:
     def __len__(self) -> int:
         return int(self.next_tokens.shape[0])
 
-    def match(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
-        """``(m, ids, counts)``: the longest ``m <= max_match`` such that ``context[-m:]`` occurs in the
-        datastore followed by a token, and the distinct following tokens ``ids`` (ascending) with their
-        counts (``m = 0``: the unigram law of every position)."""
+    def _match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
+        """``(m, lo, hi)``: the longest match length ``m`` of :meth:`match` and its sorted positions ``lo:hi``."""
         lo, hi = 0, len(self)
         m = 0
         limit = min(self.max_match, len(context))
@@ -111,6 +109,13 @@ class SuffixIndex:
             if new_lo == new_hi:
                 break
             lo, hi, m = new_lo, new_hi, m + 1
+        return m, lo, hi
+
+    def match(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(m, ids, counts)``: the longest ``m <= max_match`` such that ``context[-m:]`` occurs in the
+        datastore followed by a token, and the distinct following tokens ``ids`` (ascending) with their
+        counts (``m = 0``: the unigram law of every position)."""
+        m, lo, hi = self._match_range(context)
         if m == 0:
             return 0, self._unigram_ids, self._unigram_counts
         ids, counts = np.unique(self.next_tokens[lo:hi], return_counts=True)
@@ -254,6 +259,22 @@ class RetrievalDrafter(Drafter):
 
     def passes(self, state: Any) -> int:
         return int(state.passes)
+
+    def absorb(self, state: Any, tokens: Sequence[Sequence[int]]) -> None:
+        """Append committed ``tokens`` per row without computing their laws: what ``forward`` then
+        ``commit`` of the whole chain leave in the state (a prompt's laws are never read), at a fraction
+        of the cost (no ``[B, Q, V]`` logits; about 0.5 s for a 600-token prompt otherwise)."""
+        for b, row in enumerate(tokens):
+            state.committed[b].extend(int(t) for t in row)
+
+    def match_length(self, state: Any, row: int, pending: Sequence[int]) -> int:
+        """The match length of :meth:`sparse_law` at the end of row ``row``'s committed tokens and
+        ``pending`` (the context the next draft starts from): a cheap forecast of the draft's acceptance."""
+        context = state.committed[row] + list(pending)
+        m_own = context_match(context, self.max_match)[0]
+        # the match length alone (sparse_law's m is the longer of the two): no law of the matched tokens
+        m_data = self.index._match_range(context)[0] if self.index is not None else 0
+        return int(max(m_own, m_data))
 
 
 def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16) -> RetrievalDrafter:

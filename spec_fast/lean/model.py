@@ -82,7 +82,8 @@ class RotaryTable(nn.Module):
 
     def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, max_positions: int) -> None:
         super().__init__()
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
+        positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+        freqs = torch.outer(positions, inv_freq.float())
         angles = torch.cat([freqs, freqs], dim=-1)
         self.cos: torch.Tensor
         self.sin: torch.Tensor
@@ -167,13 +168,17 @@ class LeanBody(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
-        self.embed_tokens = nn.Embedding(int(config.vocab_size), hidden)
-        self.embed_tokens.weight.requires_grad_(False)
+        # an explicit (empty) weight skips nn.Embedding's random init, whose meta-device version imports
+        # torch._dynamo (seconds of start-up); from_hf replaces the weight anyway
+        self.embed_tokens = nn.Embedding(int(config.vocab_size), hidden,
+                                         _weight=torch.empty(int(config.vocab_size), hidden), _freeze=True)
         self.layers: nn.ModuleList = nn.ModuleList([DecoderLayer(config) for _ in range(int(config.num_hidden_layers))])
         self.norm = RMSNorm(hidden, float(config.rms_norm_eps))
         heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-        self.rotary = RotaryTable(torch.zeros(head_dim // 2), 1.0, int(config.max_position_embeddings))
+        # a placeholder on the CPU (from_hf puts the model's table here): RoPE tables built on the meta
+        # device go through torch's reference ops, whose first use imports torch._dynamo (seconds)
+        self.rotary = RotaryTable(torch.zeros(head_dim // 2, device="cpu"), 1.0, 1)
 
 
 class LeanLlama(nn.Module):
