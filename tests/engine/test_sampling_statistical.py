@@ -68,7 +68,8 @@ def test_the_wrong_q_mutant_has_the_noncentrality_for_power_099_on_a_chain_of_on
     target_first = next_probs(TARGET, PROMPT)
     draft_first = next_probs(DRAFTER.model, PROMPT)
     wrong = np.full(VOCAB, 1.0 / VOCAB)
-    # exact first-token law of naive verification (docs/algorithms.md section 3.2) with x ~ draft_first but tested against `wrong`
+    # exact first-token law of naive verification (docs/algorithms.md section 3.2) with x ~ draft_first,
+    # accepted against the uniform `wrong`
     accept = np.minimum(1.0, target_first / wrong)
     residual = np.maximum(target_first - wrong, 0.0)
     residual = residual / residual.sum()
