@@ -21,13 +21,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.statistical_setup import (
-    ALPHA_CONFIG, CELLS, DRAFTER, FULL_POWER_ROWS, PROMPT, ROWS, SINGLE_CONFIGS, TARGET, TARGET_TV, VOCAB,
-    EngineConfig, MutantDecoder, ar_law, decoder_for, detectable_tv, next_probs, power_at_target, rows_for,
+    ALPHA_CONFIG, ALPHA_FAMILY, CELLS, DRAFTER, FULL_POWER_ROWS, NUM_CONFIGS, PROMPT, ROWS, SINGLE_CONFIGS,
+    TARGET, TARGET_TV, VOCAB, EngineConfig, MutantDecoder, ar_law, decoder_for, detectable_tv, next_probs, power_at_target, rows_for,
     sample_counts,
 )
-from spec_fast.engine import SpeculativeDecoder
 from tests.stats import POWER, chi2_gof, noncentrality, required_noncentrality
 
 pytestmark = pytest.mark.statistical
@@ -36,6 +36,9 @@ IDS = [c.name for c in SINGLE_CONFIGS]
 
 
 def test_the_design_reaches_power_099_at_tv_002_where_promised() -> None:
+    # the numbers docs/testing.md section 4.4 states: 26 configurations, alpha 1e-4 / 26, N = 47 605
+    assert NUM_CONFIGS == 26 and ALPHA_FAMILY == 1e-4 and FULL_POWER_ROWS == 47605
+    assert ROWS == {"full": 47605, "tree": 12288, "small": 4096}
     assert power_at_target(FULL_POWER_ROWS) >= POWER
     assert power_at_target(FULL_POWER_ROWS - 1000) < POWER  # the smallest such N, not a generous guess
     for tier, rows in ROWS.items():
