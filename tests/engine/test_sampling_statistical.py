@@ -25,8 +25,8 @@ from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.statistical_setup import (
     ALPHA_CONFIG, ALPHA_FAMILY, CELLS, DRAFTER, FULL_POWER_ROWS, NUM_CONFIGS, PROMPT, ROWS, SINGLE_CONFIGS,
-    TARGET, TARGET_TV, VOCAB, EngineConfig, MutantDecoder, ar_law, decoder_for, detectable_tv, next_probs, power_at_target, rows_for,
-    sample_counts,
+    TARGET, TARGET_TV, VOCAB, EngineConfig, MutantDecoder, ar_law, decoder_for, detectable_tv, next_probs,
+    power_at_target, rows_for, sample_counts,
 )
 from tests.stats import POWER, chi2_gof, noncentrality, required_noncentrality
 
