@@ -6,6 +6,7 @@ committed to bench/results/engine_power.{json,md}.
 
     PYTHONPATH=$PWD python scripts/engine_power.py                 # every configuration
     PYTHONPATH=$PWD python scripts/engine_power.py --tier tree     # only one tier (full | tree | small)
+    PYTHONPATH=$PWD python scripts/engine_power.py --only "NAME;NAME" --out engine_power_subset
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ def main() -> int:
     parser.add_argument("--tier", choices=["full", "tree", "small"], default=None)
     parser.add_argument("--rows", type=int, default=FULL_POWER_ROWS)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", default="", help="configuration names separated by ;")
+    parser.add_argument("--out", default="", help="result file stem under bench/results")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     law = ar_law()
     records = []
     for config in SINGLE_CONFIGS + DUAL_CONFIGS:
         if args.tier is not None and config.tier != args.tier:
+            continue
+        if args.only and config.name not in args.only.split(";"):
             continue
         start = time.perf_counter()
         law_test = chi2_gof(sample_counts(decoder_for(config), config.name, args.rows), law, ALPHA_CONFIG)
@@ -62,8 +67,8 @@ def main() -> int:
         "torch": torch.__version__, "threads": args.threads, "alpha_per_config": ALPHA_CONFIG, "tv": TARGET_TV,
         "power_at_tv": power_at_target(args.rows), "detectable_tv": detectable_tv(args.rows), "records": records,
     }
-    suffix = f"_{args.tier}" if args.tier else ""
-    with open(os.path.join(RESULTS, f"engine_power{suffix}.json"), "w") as f:
+    stem = args.out or ("engine_power" + (f"_{args.tier}" if args.tier else ""))
+    with open(os.path.join(RESULTS, f"{stem}.json"), "w") as f:
         json.dump(out, f, indent=1)
     lines = [
         "# Engine statistical tests at full power", "",
@@ -78,7 +83,7 @@ def main() -> int:
         lines.append(f"| `{r['config']}` | {r['statistic']:.1f} ({r['df']}) | {r['critical']:.1f} | {r['passed']} | "
                      f"{r['control']} | {r['control_statistic']:.1f} | {r['control_rejected']} | "
                      f"{r['seconds'] + r['control_seconds']:.1f} |")
-    with open(os.path.join(RESULTS, f"engine_power{suffix}.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     failed = [r["config"] for r in records if not r["passed"] or not r["control_rejected"]]
