@@ -1,73 +1,70 @@
 """Dual drafting at T > 0 reproduces the target's autoregressive law; best-of-two sampled paths does not.
 
-Setup of test_sampling_statistical (tiny Llama, V = 8, early-exit and retrieval drafts, T = 0.9, top-p 0.95):
-the joint law of the first two tokens of ``DualDrafter(early-exit, retrieval)`` in ``merge`` (NSS on the
-union tree) and ``route`` (NSS on the winner's tree) mode, per-head chain:2 and topk:2,2,4, against the
-exact AR law. Pearson chi2 with pooled cells (tests/stats.py), alpha = 1e-6 per configuration, N = 4096.
+Design of test_sampling_statistical (tests/engine/statistical_setup.py: tiny Llama, V = 4, early-exit and
+retrieval drafts, T = 0.9, top-p 0.95, first two tokens, 16 cells): ``DualDrafter(early-exit, retrieval)``
+in ``merge`` (NSS on the union tree) and ``route`` (NSS on the winner's tree) mode, per-head chain:2 and
+topk:2,2,4, against the exact AR law, at ``ALPHA_CONFIG`` per configuration (Bonferroni share of
+``ALPHA_FAMILY = 1e-4``) and the ``small`` tier's rows (detectable TV printed; docs/testing.md section 4.4).
 
-Negative control (lossy by design, docs/algorithms.md section 8): verify the merged chain:1 tree twice with
-independent uniforms and keep the run that accepted more (best of two sampled paths). Its first-token law
-is exact: with C the root's children and S = p(C), ``P(y) = p(y)(2 - S)`` for y in C and ``p(y)(1 - S)``
-otherwise; the test checks that N * chi2(mutant || target) clears the noncentrality for power 0.99 at
-alpha 1e-6, that the chi2 test rejects the mutant's sample, and that the correct engine passes it.
+Negative controls (lossy by design, docs/algorithms.md section 8): every configuration verified twice with
+independent uniforms, keeping the run that accepted more (best of two sampled paths), at the same rows and
+seed; the same test must reject it. On the merged chain:1 tree the mutant's first-token law is exact: with
+C the root's children and S = p(C), ``P(y) = p(y)(2 - S)`` for y in C and ``p(y)(1 - S)`` otherwise; that
+test also checks that N * chi2(mutant || target) clears the noncentrality for power 0.99.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
-import torch
 
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
-from tests.engine.test_sampling_statistical import (
-    DRAFTER, N, PROMPT, RETRIEVAL, TARGET, _ar_law_two_tokens, _counts, _next_probs,
+from tests.engine.statistical_setup import (
+    ALPHA_CONFIG, DRAFTER, DUAL_CONFIGS, PROMPT, RETRIEVAL, ROWS, TARGET, EngineConfig, MutantDecoder, ar_law,
+    decoder_for, detectable_tv, next_probs, rows_for, sample_counts,
 )
-from tests.stats import chi2_gof, noncentrality, required_noncentrality
+from tests.stats import POWER, chi2_gof, noncentrality, required_noncentrality
 
 pytestmark = pytest.mark.statistical
 
+IDS = [c.name for c in DUAL_CONFIGS]
 
-@pytest.mark.parametrize("mode", ["merge", "route"])
-@pytest.mark.parametrize("strategy", ["chain:2", "topk:2,2,4"])
-def test_dual_first_two_tokens_follow_the_exact_autoregressive_law(mode: str, strategy: str) -> None:
-    decoder = SpeculativeDecoder(TARGET, DualDrafter(DRAFTER, RETRIEVAL, mode), parse_strategy(strategy))
-    counts = _counts(decoder, f"dual/{mode}/{strategy}", 2)
-    result = chi2_gof(counts, _ar_law_two_tokens())
+
+@pytest.mark.parametrize("config", DUAL_CONFIGS, ids=IDS)
+def test_dual_first_two_tokens_follow_the_exact_autoregressive_law(config: EngineConfig) -> None:
+    rows = rows_for(config)
+    result = chi2_gof(sample_counts(decoder_for(config), config.name, rows), ar_law(), ALPHA_CONFIG)
+    print(f"{config.name}: {rows} rows, chi2 {result.statistic:.1f} (df {result.df}, critical "
+          f"{result.critical:.1f}), TV detected with power {POWER}: {detectable_tv(rows, result.df):.4f}")
     assert not result.rejected, result
 
 
-class _BestOfTwoDecoder(SpeculativeDecoder):
-    """Mutant (test only): two independent NSS runs on the same tree, keep the one that accepted more."""
-
-    def _verify_sampling(self, method: str, draft: Any, target_logits: Any, draft_probs: Any, sampling: Any,
-                         offset: int) -> Any:
-        one, _ = super()._verify_sampling(method, draft, target_logits, draft_probs, sampling, offset)
-        two, end = super()._verify_sampling(method, draft, target_logits, draft_probs, sampling, offset + 10**6)
-        pick_two = two.accepted_depth > one.accepted_depth
-        fields = {}
-        for name in ("accepted_slots", "accepted_depth", "next_token", "emitted", "accepted_node"):
-            a, b = getattr(one, name), getattr(two, name)
-            cond = pick_two.view(-1, *([1] * (a.dim() - 1)))
-            fields[name] = torch.where(cond, b, a)
-        return type(one)(**fields), end
+@pytest.mark.parametrize("config", DUAL_CONFIGS, ids=IDS)
+def test_the_same_test_rejects_best_of_two_sampled_paths(config: EngineConfig) -> None:
+    rows = rows_for(config)
+    result = chi2_gof(sample_counts(decoder_for(config, config.control), config.name, rows), ar_law(),
+                      ALPHA_CONFIG)
+    print(f"{config.name} with mutant {config.control}: chi2 {result.statistic:.1f} (critical "
+          f"{result.critical:.1f})")
+    assert result.rejected, result
 
 
-def test_the_chi2_test_rejects_best_of_two_sampled_paths_on_a_merged_tree() -> None:
+def test_best_of_two_on_a_merged_chain_of_one_has_the_noncentrality_for_power_099() -> None:
+    rows = ROWS["small"]
     strategy = parse_strategy("chain:1")
     recorded = SpeculativeDecoder(TARGET, DualDrafter(DRAFTER, RETRIEVAL, "merge"), strategy).generate(
         [PROMPT], max_new_tokens=2, record_trees=True).trees[0]
     children = {int(t) for t, v in zip(recorded.tokens[0, 1:], recorded.valid[0, 1:]) if bool(v)}
-    target_first = _next_probs(TARGET, PROMPT)
+    target_first = next_probs(TARGET, PROMPT)
     inside = np.array([y in children for y in range(len(target_first))])
     mass = float(target_first[inside].sum())
     mutant = np.where(inside, target_first * (2 - mass), target_first * (1 - mass))
-    lam, df = noncentrality(N, mutant, target_first)
-    assert lam >= required_noncentrality(df)
-    counts = _counts(_BestOfTwoDecoder(TARGET, DualDrafter(DRAFTER, RETRIEVAL, "merge"), strategy), "best-of-two", 1)
-    assert chi2_gof(counts, target_first).rejected
-    correct = _counts(SpeculativeDecoder(TARGET, DualDrafter(DRAFTER, RETRIEVAL, "merge"), strategy), "best-of-two", 1)
-    assert not chi2_gof(correct, target_first).rejected
+    lam, df = noncentrality(rows, mutant, target_first)
+    assert lam >= required_noncentrality(df, ALPHA_CONFIG)
+    merged = DualDrafter(DRAFTER, RETRIEVAL, "merge")
+    counts = sample_counts(MutantDecoder(TARGET, merged, strategy, "best-of-two"), "best-of-two", rows, tokens=1)
+    assert chi2_gof(counts, target_first, ALPHA_CONFIG).rejected
+    correct = sample_counts(SpeculativeDecoder(TARGET, merged, strategy), "best-of-two", rows, tokens=1)
+    assert not chi2_gof(correct, target_first, ALPHA_CONFIG).rejected
