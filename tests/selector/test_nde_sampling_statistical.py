@@ -1,6 +1,6 @@
 """NDE decoding keeps the target's autoregressive law while the tree shape changes from step to step.
 
-Same setting and test as tests/engine/test_sampling_statistical.py: a tiny random Llama with V = 8, its
+A tiny random Llama with V = 8 (defined here; the engine's own tests use V = 4), its
 early-exit drafter, N = 4096 rows in one batched ``generate`` call; the joint law of the first two
 generated tokens must equal the exact autoregressive law of G(target) (enumeration over the 64 pairs).
 Pearson chi2 with cells pooled to expected count >= 20 (tests/stats.py), alpha = 1e-6 per verifier.
@@ -28,16 +28,40 @@ import torch
 from spec_fast.drafting import DraftBatch
 from spec_fast.engine import DecodeState, HeadTrack, SamplingParams, SpeculativeDecoder
 from spec_fast.flat_tree import FlatTree
+from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.strategies import parse_strategy
-from tests.engine.test_sampling_statistical import (
-    DRAFTER, N, PROMPT, SAMPLING, TARGET, VOCAB, _ar_law_two_tokens, _next_probs,
-)
+from spec_ref.decoding import decoding_operator as reference_operator
+from tests.engine.models import tiny_llama
 from tests.selector.test_nde_engine import cycling_selector
 from tests.stats import chi2_gof, config_seed, noncentrality, required_noncentrality
 
 pytestmark = pytest.mark.statistical
 
 HIDDEN = 16
+VOCAB = 8
+N = 4096
+#: three tokens, so the crafted selector's first action is CYCLE[3] (see the negative control)
+PROMPT = [1, 2, 3]
+SAMPLING = {"temperature": 0.9, "top_k": 0, "top_p": 0.95}
+TARGET = tiny_llama(vocab_size=VOCAB, layers=2, seed=3, hidden=HIDDEN)
+DRAFTER = EarlyExitDrafter(TARGET, 1)
+
+
+def _next_probs(model: Any, prefix: list[int]) -> np.ndarray:
+    """G(model's logits) after ``prefix`` in float64, ``[V]``."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prefix])).logits[0, -1].double().numpy()
+    return np.asarray(reference_operator(logits, SAMPLING["temperature"], None, SAMPLING["top_p"]))
+
+
+def _ar_law_two_tokens() -> np.ndarray:
+    """Exact law of the first two tokens of G(target) after PROMPT, ``[V * V]`` (index y1 * V + y2)."""
+    first = _next_probs(TARGET, PROMPT)
+    law = np.zeros((VOCAB, VOCAB))
+    for y in range(VOCAB):
+        if first[y] > 0:
+            law[y] = first[y] * _next_probs(TARGET, PROMPT + [y])
+    return law.ravel()
 
 
 def _counts(decoder: SpeculativeDecoder, name: str, tokens: int, new_tokens: int = 3) -> tuple[np.ndarray, Any]:
