@@ -40,7 +40,7 @@ from spec_fast.strategies import parse_strategy
 from spec_ref.decoding import decoding_operator as reference_operator
 from spec_ref.goodness_of_fit import POWER, power_at, required_noncentrality, samples_for_power
 from tests.engine.models import tiny_llama
-from tests.stats import config_seed
+from tests.stats import chi2_gof, config_seed
 
 VOCAB = 4
 TOKENS = 2
@@ -215,3 +215,22 @@ def sample_counts(decoder: SpeculativeDecoder, seed_name: str, rows: int, tokens
     for j in range(tokens):
         index = index * VOCAB + first[:, j]
     return np.bincount(index, minlength=VOCAB**tokens).astype(np.float64)
+
+
+def check_law(config: EngineConfig) -> None:
+    """The configuration's first two tokens follow the exact AR law at its rows (chi-square at ALPHA_CONFIG)."""
+    rows = rows_for(config)
+    result = chi2_gof(sample_counts(decoder_for(config), config.name, rows), ar_law(), ALPHA_CONFIG)
+    print(f"{config.name}: {rows} rows, chi2 {result.statistic:.1f} (df {result.df}, critical "
+          f"{result.critical:.1f}), TV detected with power {POWER}: {detectable_tv(rows, result.df):.4f}")
+    assert not result.rejected, result
+
+
+def check_control_rejected(config: EngineConfig) -> None:
+    """The same test, same rows and seed, rejects the configuration's own lossy mutant."""
+    rows = rows_for(config)
+    result = chi2_gof(sample_counts(decoder_for(config, config.control), config.name, rows), ar_law(),
+                      ALPHA_CONFIG)
+    print(f"{config.name} with mutant {config.control}: chi2 {result.statistic:.1f} (critical "
+          f"{result.critical:.1f}), support violations {len(result.support_violations)}")
+    assert result.rejected, result

@@ -22,10 +22,11 @@ from spec_fast.drafts.dual import DualDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.statistical_setup import (
-    ALPHA_CONFIG, DRAFTER, DUAL_CONFIGS, PROMPT, RETRIEVAL, ROWS, TARGET, EngineConfig, MutantDecoder, ar_law,
-    decoder_for, detectable_tv, next_probs, rows_for, sample_counts,
+    check_control_rejected, check_law,
+    ALPHA_CONFIG, DRAFTER, DUAL_CONFIGS, PROMPT, RETRIEVAL, ROWS, TARGET, EngineConfig, MutantDecoder,
+    next_probs, sample_counts,
 )
-from tests.stats import POWER, chi2_gof, noncentrality, required_noncentrality
+from tests.stats import chi2_gof, noncentrality, required_noncentrality
 
 pytestmark = pytest.mark.statistical
 
@@ -34,21 +35,12 @@ IDS = [c.name for c in DUAL_CONFIGS]
 
 @pytest.mark.parametrize("config", DUAL_CONFIGS, ids=IDS)
 def test_dual_first_two_tokens_follow_the_exact_autoregressive_law(config: EngineConfig) -> None:
-    rows = rows_for(config)
-    result = chi2_gof(sample_counts(decoder_for(config), config.name, rows), ar_law(), ALPHA_CONFIG)
-    print(f"{config.name}: {rows} rows, chi2 {result.statistic:.1f} (df {result.df}, critical "
-          f"{result.critical:.1f}), TV detected with power {POWER}: {detectable_tv(rows, result.df):.4f}")
-    assert not result.rejected, result
+    check_law(config)
 
 
 @pytest.mark.parametrize("config", DUAL_CONFIGS, ids=IDS)
 def test_the_same_test_rejects_best_of_two_sampled_paths(config: EngineConfig) -> None:
-    rows = rows_for(config)
-    result = chi2_gof(sample_counts(decoder_for(config, config.control), config.name, rows), ar_law(),
-                      ALPHA_CONFIG)
-    print(f"{config.name} with mutant {config.control}: chi2 {result.statistic:.1f} (critical "
-          f"{result.critical:.1f})")
-    assert result.rejected, result
+    check_control_rejected(config)
 
 
 def test_best_of_two_on_a_merged_chain_of_one_has_the_noncentrality_for_power_099() -> None:

@@ -24,9 +24,10 @@ import pytest
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.statistical_setup import (
+    check_control_rejected, check_law,
     ALPHA_CONFIG, ALPHA_FAMILY, CELLS, DRAFTER, FULL_POWER_ROWS, NUM_CONFIGS, PROMPT, ROWS, SINGLE_CONFIGS,
-    TARGET, TARGET_TV, VOCAB, EngineConfig, MutantDecoder, ar_law, decoder_for, detectable_tv, next_probs,
-    power_at_target, rows_for, sample_counts,
+    TARGET, TARGET_TV, VOCAB, EngineConfig, MutantDecoder, ar_law, detectable_tv, next_probs,
+    power_at_target, sample_counts,
 )
 from tests.stats import POWER, chi2_gof, noncentrality, required_noncentrality
 
@@ -49,21 +50,12 @@ def test_the_design_reaches_power_099_at_tv_002_where_promised() -> None:
 
 @pytest.mark.parametrize("config", SINGLE_CONFIGS, ids=IDS)
 def test_first_two_tokens_follow_the_exact_autoregressive_law(config: EngineConfig) -> None:
-    rows = rows_for(config)
-    result = chi2_gof(sample_counts(decoder_for(config), config.name, rows), ar_law(), ALPHA_CONFIG)
-    print(f"{config.name}: {rows} rows, chi2 {result.statistic:.1f} (df {result.df}, critical "
-          f"{result.critical:.1f}), TV detected with power {POWER}: {detectable_tv(rows, result.df):.4f}")
-    assert not result.rejected, result
+    check_law(config)
 
 
 @pytest.mark.parametrize("config", SINGLE_CONFIGS, ids=IDS)
 def test_the_same_test_rejects_this_configurations_lossy_mutant(config: EngineConfig) -> None:
-    rows = rows_for(config)
-    result = chi2_gof(sample_counts(decoder_for(config, config.control), config.name, rows), ar_law(),
-                      ALPHA_CONFIG)
-    print(f"{config.name} with mutant {config.control}: chi2 {result.statistic:.1f} (critical "
-          f"{result.critical:.1f}), support violations {len(result.support_violations)}")
-    assert result.rejected, result
+    check_control_rejected(config)
 
 
 def test_the_wrong_q_mutant_has_the_noncentrality_for_power_099_on_a_chain_of_one() -> None:
