@@ -7,7 +7,7 @@ samples, and a choice made from wall time would make a seeded call irreproducibl
 controller at T = 0 only and speculates on every step at T > 0.
 
 A step may come with a *hint*, a class of the context the next draft starts from (the engine passes the
-retrieval draft's match length there, :meth:`SpeculativeDecoder._match_hint`): a function of the tokens
+retrieval draft's match length there, :func:`match_hint`): a function of the tokens
 so far, never of random draws. The controller then learns the tokens a speculative step yields per hint
 class, so it drafts where the draft tends to be accepted (a long match) and takes plain steps where it
 tends not to be (no match: a width-1 pass is plain decoding, without the draft's cost). Being a function
@@ -17,8 +17,13 @@ of the text, the hint keeps greedy choices deterministic and leaves the argument
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["AdaptiveController", "HINT_CLASSES"]
+if TYPE_CHECKING:  # the engine imports this module
+    from spec_fast.commit import HeadTrack
+
+__all__ = ["AdaptiveController", "HINT_CLASSES", "match_hint"]
 
 #: hints are clipped to ``0 .. HINT_CLASSES - 1`` (match lengths of 3 and more forecast alike)
 HINT_CLASSES = 4
@@ -120,3 +125,17 @@ class AdaptiveController:
                 factor = 4 if loser < self.clear_margin * winner else 2
                 self.probe_every[p] = (min(factor * self.probe_every[p], self.max_interval) if confirmed
                                        else self.initial_interval)
+
+
+def match_hint(heads: Sequence[HeadTrack], active: Sequence[bool], dual: bool) -> int:
+    """The controller's forecast class of the next draft: the shortest match length over the active rows
+    where the single drafter reports one (retrieval), else 0. It is a function of the tokens so far, so
+    the controller's greedy choices stay deterministic."""
+    if dual or not heads:
+        return 0
+    head = heads[0]
+    match_length = getattr(head.drafter, "match_length", None)
+    if match_length is None:
+        return 0
+    return min((int(match_length(head.state, b, head.pending[b])) for b in range(len(active)) if active[b]),
+               default=0)

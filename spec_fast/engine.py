@@ -31,39 +31,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from spec_fast.adaptive import AdaptiveController
+from spec_fast.adaptive import AdaptiveController, match_hint
+from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.decoding import SamplingParams, sampling_probs
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import (
-    DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree, pending_forward,
+    DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
 from spec_fast.drafts.dual import DualDraft, DualDrafter, merge_trees, route, union_tree
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
-from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, load_nde_selector
+from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, draft_nde, load_nde_selector
+from spec_fast.prefill import prefill_drafter, prefill_target
 from spec_fast.rng import counter_uniforms
 from spec_fast.strategies import Strategy
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
 from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "DecodeState", "HeadTrack"]
-
-
-@dataclass
-class HeadTrack:
-    """One drafter's per-call state: its cache/state, the pending tokens per row, the last pending width."""
-
-    drafter: Drafter
-    state: Any
-    pending: list[list[int]]
-    pending_width: int = 0
-    prefilled: bool = False
 
 
 @dataclass
@@ -102,16 +93,6 @@ class GenerationResult:
     metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
     trees: list[FlatTree] = field(default_factory=list)
     state: DecodeState | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class _Verified:
-    """One step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded), ``accepted_depth [B]``,
-    ``next_token [B]``."""
-
-    accepted_slots: torch.Tensor
-    accepted_depth: torch.Tensor
-    next_token: torch.Tensor
 
 
 class SpeculativeDecoder:
@@ -243,7 +224,8 @@ class SpeculativeDecoder:
         # section 7); the NDE selector reads the target's at the token before each root
         wants_hidden = nde or any(bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
         target_cache = TreeKVCache(self.target, batch, self.device)
-        root_logits, root_hidden, observe, previous = self._prefill(target_cache, prompts, wants_hidden, nde)
+        root_logits, root_hidden, observe, previous = prefill_target(target_cache, prompts, self.device,
+                                                                     wants_hidden, nde)
         # +adaptive steers greedy calls only: at T > 0 the kind of a step changes which sample a seed gives
         controller = self.controller if sampling.greedy else None
         # a controller that prefers plain steps skips the draft prefill: the prompt waits as pending tokens
@@ -256,7 +238,7 @@ class SpeculativeDecoder:
             if observe is not None:
                 drafter.observe_target(track.state, *observe)
             if not lazy:
-                track.prefilled = self._prefill_drafter(drafter, track.state, prompts)
+                track.prefilled = prefill_drafter(drafter, track.state, prompts, self.device)
             heads.append(track)
         metrics = GenerationMetrics(strategy=self.label(sampling), batch_size=batch,
                                     prompt_tokens=sum(len(p) for p in prompts))
@@ -279,7 +261,7 @@ class SpeculativeDecoder:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""
         remaining = max(st.max_new_tokens - len(st.outputs[b]) for b in range(len(st.active)) if st.active[b])
         depth_cap = min(self.strategy.depth, remaining - 1)
-        hint = self._match_hint(st) if st.controller is not None else 0
+        hint = match_hint(st.heads, st.active, self.dual is not None) if st.controller is not None else 0
         speculate = st.controller.speculate(hint) if st.controller is not None else True
         if not speculate or not self.strategy.drafts:
             depth_cap = 0
@@ -299,19 +281,6 @@ class SpeculativeDecoder:
             st.controller.observe(depth_cap >= 1, sum(emitted_per_row) / max(len(emitted_per_row), 1),
                                   time.perf_counter() - step_start, hint)
         return new_tokens
-
-    def _match_hint(self, st: DecodeState) -> int:
-        """The ``+adaptive`` controller's forecast class of the next draft: the shortest match length over
-        the active rows where the single drafter reports one (retrieval), else 0. It is a function of the
-        tokens so far, so the controller's greedy choices stay deterministic."""
-        if self.dual is not None or not st.heads:
-            return 0
-        head = st.heads[0]
-        match_length = getattr(head.drafter, "match_length", None)
-        if match_length is None:
-            return 0
-        return min((int(match_length(head.state, b, head.pending[b])) for b in range(len(st.active)) if st.active[b]),
-                   default=0)
 
     # ------------------------------------------------------------------ phase 1: draft
     def _draft_phase(self, st: DecodeState, depth_cap: int) -> tuple[DraftBatch, DualDraft | None]:
@@ -355,45 +324,9 @@ class SpeculativeDecoder:
         return draft, None
 
     def _draft_nde(self, st: DecodeState, head: HeadTrack, depth_cap: int) -> DraftBatch:
-        """The selector picks (K, L1, L2) from the root features (:mod:`spec_fast.nde`), then the delayed
-        builder drafts that tree below the root logits of the pending forward (L1 + L2 = 0: the root alone)."""
-        recorder, selector = head.drafter, self.selector
-        assert isinstance(recorder, HiddenRecorder) and selector is not None and st.nde_previous is not None
-        root_logits, width = pending_forward(recorder, head.state, head.pending, self.device)
-        batch = len(head.pending)
-        draft_logits_root, draft_hidden_root = recorder.entry_outputs(
-            torch.full((batch,), width - 1, dtype=torch.long, device=self.device))
-        # the token before the root: pending (then this block's entry width - 2) or the last committed entry
-        draft_logits_prev, draft_hidden_prev = (recorder.last_logits, recorder.last_hidden)
-        if width >= 2:
-            pending_logits, pending_hidden = recorder.entry_outputs(
-                torch.full((batch,), width - 2, dtype=torch.long, device=self.device))
-            in_block = torch.tensor([len(p) >= 2 for p in head.pending], device=self.device).unsqueeze(1)
-            if draft_logits_prev is None or draft_hidden_prev is None:
-                draft_logits_prev, draft_hidden_prev = pending_logits, pending_hidden
-            else:
-                draft_logits_prev = torch.where(in_block, pending_logits, draft_logits_prev)
-                draft_hidden_prev = torch.where(in_block, pending_hidden, draft_hidden_prev)
-        if draft_logits_prev is None or draft_hidden_prev is None:  # a one-token prompt: no token before it
-            draft_logits_prev, draft_hidden_prev = draft_logits_root, draft_hidden_root
-        target_logits_prev, target_hidden_prev = st.nde_previous
-        choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
-                                 draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
-                                 st.sampling, self._draft_law(st.sampling))
-        metrics = st.metrics
-        metrics.selector_s += choice.seconds
-        metrics.selector_steps += 1
-        name = ",".join(str(v) for v in choice.action)
-        metrics.nde_actions[name] = metrics.nde_actions.get(name, 0) + 1
-        num_paths, trunk, branch = choice.action
-        depth = min(trunk + branch, depth_cap)  # near max_new_tokens the tree is cut (branches first)
-        head.pending_width = width
-        if depth == 0:  # a plain step; the drafter has consumed its pending tokens, the root is entry width - 1
-            plain = draft_root_only(st.roots, "iid", self.device)
-            return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
-        return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
-                                  self._draft_law(st.sampling), st.generator, self.device, root=(root_logits, width),
-                                  root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))
+        """The ``nde`` draft (:func:`spec_fast.nde.draft_nde`); a method so a test can wrap it."""
+        assert self.selector is not None
+        return draft_nde(st, head, self.selector, depth_cap, self._draft_law(st.sampling), self.device)
 
     def _draft_law(self, sampling: SamplingParams) -> Callable[[torch.Tensor], torch.Tensor]:
         """The distribution a sampled tree's drafter draws from: G(draft logits) at T > 0; at T = 0 the
@@ -429,23 +362,23 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
-                      target_logits: torch.Tensor) -> _Verified:
+                      target_logits: torch.Tensor) -> Verified:
         tree = draft.tree
         if st.sampling.greedy:
             out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
-            return _Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+            return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
         if tree.num_slots == 1:  # a plain sampled step
             probs = sampling_probs(target_logits[:, 0], st.sampling)
             next_token = torch.multinomial(probs, 1, generator=st.generator).squeeze(1)
             zeros = torch.zeros(tree.batch_size, dtype=torch.long, device=self.device)
-            return _Verified(zeros.unsqueeze(1), zeros, next_token)
+            return Verified(zeros.unsqueeze(1), zeros, next_token)
         method = "nss" if dual is not None else self.strategy.verifier
         draft_probs = draft.draft_probs
         if draft_probs is None:  # deterministic trees: NSS reads no q
             draft_probs = torch.zeros(target_logits.shape, dtype=torch.float32, device=self.device)
         out, st.uniform_offset = self._verify_sampling(method, draft, target_logits, draft_probs, st.sampling,
                                                        st.uniform_offset)
-        return _Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+        return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
 
     def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
                          draft_probs: torch.Tensor, sampling: SamplingParams, offset: int
@@ -461,14 +394,14 @@ class SpeculativeDecoder:
         return out, offset + tree.num_slots * per_node
 
     # ------------------------------------------------------------------ phase 4: commit
-    def _commit_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None, verified: _Verified,
+    def _commit_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None, verified: Verified,
                       hidden: torch.Tensor | None, root_in_cache: bool, depth_cap: int
                       ) -> tuple[list[list[int]], list[int]]:
         """Emit the accepted tokens, gather every cache to the accepted path, queue what a drafter lacks."""
         batch = len(st.active)
         entries = dual.head_entries if dual is not None else (draft.entries,) * len(st.heads)
         # host side: one read of this step's small tensors (stopping, streaming, cache bookkeeping)
-        slots, tokens, nxt, nacc, depths, choice, head_of, entry_lists = _read_back(verified, draft, dual, entries)
+        slots, tokens, nxt, nacc, depths, choice, head_of, entry_lists = read_back(verified, draft, dual, entries)
         drafted = depth_cap >= 1
         new_tokens: list[list[int]] = [[] for _ in range(batch)]
         keep_t: list[list[int]] = [[] for _ in range(batch)]
@@ -492,7 +425,7 @@ class SpeculativeDecoder:
                     st.metrics.head_accepted_tokens[supplier - 1] += nacc[b]
             keep_t[b] = path
             for h, head in enumerate(st.heads):
-                keep_d[h][b] = _advance_head(head, b, path, tokens[b], entry_lists[h][b], nxt[b], drafted)
+                keep_d[h][b] = advance_head(head, b, path, tokens[b], entry_lists[h][b], nxt[b], drafted)
             st.roots[b] = nxt[b]
             st.committed[b].extend(emitted)
             for t in emitted:
@@ -518,145 +451,19 @@ class SpeculativeDecoder:
             keep_block = keep_t
         counts_block = [len(k) for k in keep_block]
         if st.target_cache.num_block > 0:
-            st.target_cache.commit(_pad(keep_block, device), torch.tensor(counts_block, device=device),
-                                   _is_block_prefix(keep_block, counts_block, _aligned(st.target_cache)))
+            st.target_cache.commit(pad_rows(keep_block, device), torch.tensor(counts_block, device=device),
+                                   is_block_prefix(keep_block, counts_block, aligned(st.target_cache)))
         for h, head in enumerate(st.heads):
             if st.wants_hidden and hidden is not None:
-                head.drafter.observe_target(head.state, hidden, _pad(keep_t, device),
+                head.drafter.observe_target(head.state, hidden, pad_rows(keep_t, device),
                                             torch.tensor(counts_t, device=device))
             if head.drafter.num_block(head.state) > 0:
                 counts = [len(k) for k in keep_d[h]]
-                head.drafter.commit(head.state, _pad(keep_d[h], device), torch.tensor(counts, device=device),
-                                    _is_block_prefix(keep_d[h], counts, _aligned(head.state)))
+                head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
+                                    is_block_prefix(keep_d[h], counts, aligned(head.state)))
 
-    # ------------------------------------------------------------------ prefill
-    def _chain_block(self, prompts: list[list[int]], drop_last: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """Each prompt (all but its last token with ``drop_last``) as a right-padded chain block."""
-        cut = 1 if drop_last else 0
-        lengths = [len(p) - cut for p in prompts]
-        width = max(lengths)
-        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-        parents = torch.full((len(prompts), width), -1, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            if lengths[b] > 0:
-                tokens[b, : lengths[b]] = torch.tensor(p[: len(p) - cut], dtype=torch.long)
-                parents[b, 1 : lengths[b]] = torch.arange(lengths[b] - 1)
-        return tokens.to(self.device), parents.to(self.device), torch.tensor(lengths, device=self.device), width
-
-    def _prefill(
-        self, state: TreeKVCache, prompts: list[list[int]], hidden: bool = False, previous: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-               tuple[torch.Tensor, torch.Tensor] | None]:
-        """Prefill the target with every prompt token and commit them.
-
-        Returns ``(root_logits [B, V], root_hidden [B, 1, H] or None, observe)``: the logits (and, with
-        ``hidden``, the final hidden state) at each prompt's last token, the root of the first step; and
-        ``observe = (hidden [B, W, H], keep [B, W], counts [B])`` of the entries before the root for
-        :meth:`Drafter.observe_target` (None without ``hidden`` or when no prompt has an entry before it).
-        Only the logits from the shortest prompt's root onwards are computed (HF ``logits_to_keep``).
-        ``previous`` (needs ``hidden``) also returns the logits ``[B, V]`` and final hidden state ``[B, H]`` at
-        the token before each root (the root's own for a one-token prompt), for the NDE selector.
-        """
-        tokens, parents, lengths, width = self._chain_block(prompts, drop_last=False)
-        root_index = lengths - 1  # [B]
-        lowest_root = min(len(p) for p in prompts) - 1
-        if previous:
-            lowest_root = max(lowest_root - 1, 0)
-        out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=width - lowest_root)
-        keep = torch.arange(width, device=self.device).expand(len(prompts), width)
-        state.commit(keep, lengths)
-        rows = torch.arange(len(prompts), device=self.device)
-        root_logits = out.logits[rows, root_index - lowest_root]  # [B, V]
-        if not hidden:
-            return root_logits, None, None, None
-        states = out.hidden_states[-1]  # [B, W, H]
-        root_hidden = states[rows, root_index].unsqueeze(1)
-        observe = (states, keep, root_index) if width > 1 else None  # root_index = entries before the root
-        before = None
-        if previous:
-            prev_index = (root_index - 1).clamp(min=0)
-            before = (out.logits[rows, prev_index - lowest_root], states[rows, prev_index])
-        return root_logits, root_hidden, observe, before
-
-    def _prefill_drafter(self, drafter: Drafter, state: Any, prompts: list[list[int]]) -> bool:
-        """Feed every prompt token but the root to ``drafter``; True when that took a pass."""
-        absorb = getattr(drafter, "absorb", None)
-        if absorb is not None:  # a drafter that needs no pass over a prompt (retrieval) just records it
-            absorb(state, [p[:-1] for p in prompts])
-            return False
-        tokens, parents, lengths, width = self._chain_block(prompts)
-        if width > 0:
-            drafter.forward(state, tokens, parents)
-            drafter.commit(state, torch.arange(width, device=self.device).expand(len(prompts), width), lengths)
-        return width > 0
-
-
-_Rows = list[list[int]]
-
-
-def _read_back(verified: _Verified, draft: DraftBatch, dual: DualDraft | None, entries: Sequence[torch.Tensor]
-               ) -> tuple[_Rows, _Rows, list[int], list[int], list[int], list[int], _Rows, list[_Rows]]:
-    """The step's small tensors on the host, in one transfer: accepted slots, tree tokens, next tokens,
-    accepted counts, tree depths, the routed head (0 unless routed), the head of each slot (dual) and each
-    drafter's entries per slot."""
-    tree = draft.tree
-    column = torch.zeros_like(verified.next_token)
-    choice = dual.choice if dual is not None and dual.choice is not None else column
-    parts = [verified.accepted_slots, tree.tokens, verified.next_token.unsqueeze(1),
-             verified.accepted_depth.unsqueeze(1), tree.depths.max(dim=1).values.unsqueeze(1), choice.unsqueeze(1),
-             dual.heads if dual is not None else torch.zeros_like(tree.tokens)]
-    parts.extend(entries)
-    flat = torch.cat([p.to(torch.long) for p in parts], dim=1).tolist()
-    widths = [p.shape[1] for p in parts]
-    cut = [sum(widths[:i]) for i in range(len(widths) + 1)]
-    cols = [[row[cut[i]:cut[i + 1]] for row in flat] for i in range(len(parts))]
-    return (cols[0], cols[1], [r[0] for r in cols[2]], [r[0] for r in cols[3]], [r[0] for r in cols[4]],
-            [r[0] for r in cols[5]], cols[6], [cols[7 + h] for h in range(len(entries))])
-
-
-def _advance_head(head: HeadTrack, b: int, path: list[int], tokens: list[int], entries: list[int], next_token: int,
-                  drafted: bool) -> list[int]:
-    """Row b of one drafter after the step: the block entries it keeps (its pending entries, then the
-    accepted nodes it holds until the first it lacks), and its new pending tokens (the accepted tokens it
-    lacks, then the next root)."""
-    if not drafted:  # a plain step: the drafter saw nothing; everything committed waits for it
-        head.pending[b] = head.pending[b] + [tokens[i] for i in path[1:]] + [next_token]
-        return []
-    width = head.pending_width
-    keep = list(range(width - len(head.pending[b]), width))
-    missing: list[int] = []
-    for i in path[1:]:
-        if entries[i] >= 0 and not missing:
-            keep.append(entries[i])
-        else:
-            missing.append(tokens[i])
-    head.pending[b] = missing + [next_token]
-    return keep
-
-
-def _aligned(state: Any) -> bool:
-    """True when every row's context fills the physical context (no padding slots), from the cache's
-    host-side flag (no device read); False for states that are not a :class:`TreeKVCache`."""
-    return isinstance(state, TreeKVCache) and not state.padded
-
-
-def _is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:
-    """Host-side check for :meth:`TreeKVCache.commit`'s truncation fast path."""
-    if not aligned or not counts or any(c != counts[0] for c in counts):
-        return False
-    return all(row[: counts[0]] == list(range(counts[0])) for row in keep)
 
 
 def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """``values [B, N, X]`` at ``slots [B, 1]`` -> ``[B, X]``."""
     return values.gather(1, slots.unsqueeze(2).expand(-1, 1, values.shape[2])).squeeze(1)
-
-
-def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max(1, max((len(r) for r in rows), default=1))
-    out = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        if r:
-            out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out.to(device)

@@ -32,18 +32,23 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.drafting import DraftBatch, draft_delayed_tree, draft_root_only, pending_forward
 from spec_fast.drafts.model import Drafter
 from spec_fast.latency import LatencyModel
 from spec_fast.selector import SelectorNet, root_features
 
+if TYPE_CHECKING:  # the engine imports this module
+    from spec_fast.commit import HeadTrack
+    from spec_fast.engine import DecodeState
+
 __all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector",
-           "check_nde_drafter"]
+           "check_nde_drafter", "draft_nde"]
 
 DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
                                         "selector.safetensors")
@@ -214,3 +219,47 @@ def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
     latency = load_or_measure(latency_cache, key,
                               lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
     return NdeSelector(net.to(device), latency)
+
+
+def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap: int,
+              draft_law: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> DraftBatch:
+    """One ``nde`` draft: the selector picks (K, L1, L2) from the root features, then the delayed builder
+    drafts that tree below the root logits of the pending forward (L1 + L2 = 0: the root alone). Sets
+    ``head.pending_width`` and counts the choice in ``st.metrics``."""
+    recorder = head.drafter
+    assert isinstance(recorder, HiddenRecorder) and st.nde_previous is not None
+    root_logits, width = pending_forward(recorder, head.state, head.pending, device)
+    batch = len(head.pending)
+    draft_logits_root, draft_hidden_root = recorder.entry_outputs(
+        torch.full((batch,), width - 1, dtype=torch.long, device=device))
+    # the token before the root: pending (then this block's entry width - 2) or the last committed entry
+    draft_logits_prev, draft_hidden_prev = (recorder.last_logits, recorder.last_hidden)
+    if width >= 2:
+        pending_logits, pending_hidden = recorder.entry_outputs(
+            torch.full((batch,), width - 2, dtype=torch.long, device=device))
+        in_block = torch.tensor([len(p) >= 2 for p in head.pending], device=device).unsqueeze(1)
+        if draft_logits_prev is None or draft_hidden_prev is None:
+            draft_logits_prev, draft_hidden_prev = pending_logits, pending_hidden
+        else:
+            draft_logits_prev = torch.where(in_block, pending_logits, draft_logits_prev)
+            draft_hidden_prev = torch.where(in_block, pending_hidden, draft_hidden_prev)
+    if draft_logits_prev is None or draft_hidden_prev is None:  # a one-token prompt: no token before it
+        draft_logits_prev, draft_hidden_prev = draft_logits_root, draft_hidden_root
+    target_logits_prev, target_hidden_prev = st.nde_previous
+    choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
+                             draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
+                             st.sampling, draft_law)
+    metrics = st.metrics
+    metrics.selector_s += choice.seconds
+    metrics.selector_steps += 1
+    name = ",".join(str(v) for v in choice.action)
+    metrics.nde_actions[name] = metrics.nde_actions.get(name, 0) + 1
+    num_paths, trunk, branch = choice.action
+    depth = min(trunk + branch, depth_cap)  # near max_new_tokens the tree is cut (branches first)
+    head.pending_width = width
+    if depth == 0:  # a plain step; the drafter has consumed its pending tokens, the root is entry width - 1
+        plain = draft_root_only(st.roots, "iid", device)
+        return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
+    return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
+                              draft_law, st.generator, device, root=(root_logits, width),
+                              root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))

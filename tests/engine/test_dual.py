@@ -15,6 +15,7 @@ from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
 from spec_fast.drafting import DraftBatch, draft_topk_tree, pending_forward
 from spec_fast.drafts.dual import merge_trees, route, tree_layout, union_tree
 from spec_fast.engine import SpeculativeDecoder
+from spec_fast.prefill import prefill_drafter
 from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.strategies import parse_strategy
 from spec_fast.verify import verify_greedy
@@ -87,8 +88,7 @@ def _heads_drafts(first: Any, second: Any, prompts: list[list[int]], depth: int,
     drafts = []
     for drafter in (first, second):
         state = drafter.begin(len(prompts), torch.device("cpu"))
-        decoder = SpeculativeDecoder(TARGET, drafter, parse_strategy("chain:1"))
-        decoder._prefill_drafter(drafter, state, prompts)
+        prefill_drafter(drafter, state, prompts, torch.device("cpu"))
         with torch.no_grad():
             drafts.append(draft_topk_tree(drafter, state, [[p[-1]] for p in prompts], [p[-1] for p in prompts],
                                           depth, k, budget, torch.device("cpu")))

@@ -1,0 +1,108 @@
+"""The commit phase's host-side bookkeeping: one read-back of a step's small tensors, each drafter's
+kept entries and pending tokens after the step, and the padded index rows the cache gathers take.
+
+The engine (:meth:`spec_fast.engine.SpeculativeDecoder._commit_phase`) walks the accepted path of every
+row with these helpers; none of them launches a model pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_fast.drafting import DraftBatch
+from spec_fast.drafts.dual import DualDraft
+from spec_fast.drafts.model import Drafter
+from spec_fast.kv_cache import TreeKVCache
+
+__all__ = ["HeadTrack", "Verified", "read_back", "advance_head", "aligned", "is_block_prefix", "pad_rows"]
+
+
+@dataclass
+class HeadTrack:
+    """One drafter's per-call state: its cache/state, the pending tokens per row, the last pending width."""
+
+    drafter: Drafter
+    state: Any
+    pending: list[list[int]]
+    pending_width: int = 0
+    prefilled: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Verified:
+    """One step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded), ``accepted_depth [B]``,
+    ``next_token [B]``."""
+
+    accepted_slots: torch.Tensor
+    accepted_depth: torch.Tensor
+    next_token: torch.Tensor
+
+
+_Rows = list[list[int]]
+
+
+def read_back(verified: Verified, draft: DraftBatch, dual: DualDraft | None, entries: Sequence[torch.Tensor]
+              ) -> tuple[_Rows, _Rows, list[int], list[int], list[int], list[int], _Rows, list[_Rows]]:
+    """The step's small tensors on the host, in one transfer: accepted slots, tree tokens, next tokens,
+    accepted counts, tree depths, the routed head (0 unless routed), the head of each slot (dual) and each
+    drafter's entries per slot."""
+    tree = draft.tree
+    column = torch.zeros_like(verified.next_token)
+    choice = dual.choice if dual is not None and dual.choice is not None else column
+    parts = [verified.accepted_slots, tree.tokens, verified.next_token.unsqueeze(1),
+             verified.accepted_depth.unsqueeze(1), tree.depths.max(dim=1).values.unsqueeze(1), choice.unsqueeze(1),
+             dual.heads if dual is not None else torch.zeros_like(tree.tokens)]
+    parts.extend(entries)
+    flat = torch.cat([p.to(torch.long) for p in parts], dim=1).tolist()
+    widths = [p.shape[1] for p in parts]
+    cut = [sum(widths[:i]) for i in range(len(widths) + 1)]
+    cols = [[row[cut[i]:cut[i + 1]] for row in flat] for i in range(len(parts))]
+    return (cols[0], cols[1], [r[0] for r in cols[2]], [r[0] for r in cols[3]], [r[0] for r in cols[4]],
+            [r[0] for r in cols[5]], cols[6], [cols[7 + h] for h in range(len(entries))])
+
+
+def advance_head(head: HeadTrack, b: int, path: list[int], tokens: list[int], entries: list[int], next_token: int,
+                 drafted: bool) -> list[int]:
+    """Row b of one drafter after the step: the block entries it keeps (its pending entries, then the
+    accepted nodes it holds until the first it lacks), and its new pending tokens (the accepted tokens it
+    lacks, then the next root)."""
+    if not drafted:  # a plain step: the drafter saw nothing; everything committed waits for it
+        head.pending[b] = head.pending[b] + [tokens[i] for i in path[1:]] + [next_token]
+        return []
+    width = head.pending_width
+    keep = list(range(width - len(head.pending[b]), width))
+    missing: list[int] = []
+    for i in path[1:]:
+        if entries[i] >= 0 and not missing:
+            keep.append(entries[i])
+        else:
+            missing.append(tokens[i])
+    head.pending[b] = missing + [next_token]
+    return keep
+
+
+def aligned(state: Any) -> bool:
+    """True when every row's context fills the physical context (no padding slots), from the cache's
+    host-side flag (no device read); False for states that are not a :class:`TreeKVCache`."""
+    return isinstance(state, TreeKVCache) and not state.padded
+
+
+def is_block_prefix(keep: list[list[int]], counts: list[int], aligned: bool) -> bool:
+    """Host-side check for :meth:`TreeKVCache.commit`'s truncation fast path."""
+    if not aligned or not counts or any(c != counts[0] for c in counts):
+        return False
+    return all(row[: counts[0]] == list(range(counts[0])) for row in keep)
+
+
+def pad_rows(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Ragged index rows as one zero-padded ``[B, max(1, longest)]`` long tensor on ``device``."""
+    width = max(1, max((len(r) for r in rows), default=1))
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        if r:
+            out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device)
