@@ -289,7 +289,8 @@ class RouteCalibration:
         matches = self.matches if self.matches != ((), ()) else ((0,) * nbins, (0,) * nbins)
         for name, counts in (("offers", offers), ("matches", matches)):
             if len(counts) != 2 or any(len(row) != nbins for row in counts) or any(
-                    isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0 for row in counts for c in row):
+                    isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0
+                    for row in counts for c in row):
                 raise ValueError(f"{name} must hold two rows of {nbins} integers >= 0 (one per head), "
                                  f"got {name}={counts!r}")
         for h in range(2):

@@ -50,7 +50,8 @@ def counts(**bins: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def test_bins_cover_zero_to_one_with_q_one_in_the_top_bin() -> None:
-    assert [calibration_bin(q) for q in (F(1, 100), F(1, 10), F(19, 100), F(1, 2), F(9, 10), F(1))] == [0, 1, 1, 5, 9, 9]
+    qs = (F(1, 100), F(1, 10), F(19, 100), F(1, 2), F(9, 10), F(1))
+    assert [calibration_bin(q) for q in qs] == [0, 1, 1, 5, 9, 9]
     assert calibration_bin(0.1) == 1 and calibration_bin(0.09999999999999999) == 0
     # a node's bin reads its own q = c_i / c_parent, not its path confidence
     assert node_bins(tree([(0, 3, F(1, 2)), (1, 4, F(1)), (2, 5, F(3, 10))])) == (-1, 5, 9, 3)
