@@ -1,5 +1,5 @@
-"""Dual drafting on SmolLM2-135M-Instruct: merge and route for the pairs (rnn, retrieval), (eagle, retrieval)
-and (rnn, eagle) against each single draft at the same per-head shape and against AR, greedy and
+"""Dual drafting on SmolLM2-135M-Instruct: merge, route and route-calibrated for the pairs (rnn, retrieval),
+(eagle, retrieval) and (rnn, eagle) against each single draft at the same per-head shape and against AR, greedy and
 T = 0.7 / top-p 0.9 (fixed seed), on held-out chat prompts and on input-grounded prompts, in one run.
 
 Configurations are interleaved prompt by prompt (slow phases of the shared machine hit all alike). Reports,
@@ -10,6 +10,7 @@ whether the output equals AR token for token. Writes ``bench/results/dual.{json,
 
     python bench/dual.py --quick      # 2 prompts per workload x 16 new tokens (smoke run)
     python bench/dual.py              # 4 prompts per workload x 32 new tokens
+    python bench/dual.py --pairs rnn,retrieval eagle,retrieval   # only these pairs (and their singles)
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from spec_fast.drafts.training import TrainConfig  # noqa: E402
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 SINGLES = ("rnn", "eagle", "retrieval")
 PAIRS = (("rnn", "retrieval"), ("eagle", "retrieval"), ("rnn", "eagle"))
+MODES = ("merge", "route", "route-calibrated")
+CAVEAT = ("shared 2-core machine (other helpers' jobs running): ratios are side by side in one run, "
+          "configurations interleaved prompt by prompt; absolute tok/s noisy, few prompts and tokens")
 SAMPLINGS = {"greedy": SamplingParams(), "T=0.7,top-p=0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=0)}
 
 
@@ -86,6 +90,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", default=None, help="semicolon-separated config names (plus ar) to run alone")
+    parser.add_argument("--pairs", nargs="+", default=None, metavar="A,B",
+                        help="draft pairs to run (default: all of " + " ".join(",".join(p) for p in PAIRS) + ")")
+    parser.add_argument("--caveat", default=CAVEAT, help="the caveat line written with the results")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -95,13 +102,17 @@ def main() -> None:
     workloads = {"chat": list(HELDOUT_PROMPTS[:prompts_n]), "input-grounded": list(INPUT_GROUNDED[:prompts_n])}
     _check_not_in_datastore([p for texts in workloads.values() for p in texts])
     model, tokenizer = load_model(device=args.device)
-    singles: dict[str, Drafter] = {name: load_drafter(name, model) for name in SINGLES}
+    pairs = PAIRS if args.pairs is None else tuple(tuple(p.split(",")) for p in args.pairs)
+    if any(len(p) != 2 or not set(p) <= set(SINGLES) for p in pairs):
+        parser.error(f"--pairs: each pair is two of {','.join(SINGLES)} joined by a comma, got {args.pairs}")
+    used = [name for name in SINGLES if any(name in p for p in pairs)]
+    singles: dict[str, Drafter] = {name: load_drafter(name, model) for name in used}
     strategy = parse_strategy(args.strategy)
     configs: dict[str, SpeculativeDecoder] = {"ar": SpeculativeDecoder(model, None, parse_strategy("ar"))}
     for name, drafter in singles.items():
         configs[name] = SpeculativeDecoder(model, drafter, strategy)
-    for mode in ("merge", "route"):
-        for first, second in PAIRS:
+    for mode in MODES:
+        for first, second in pairs:
             configs[f"{mode}({first},{second})"] = SpeculativeDecoder(
                 model, DualDrafter(singles[first], singles[second], mode), strategy)
     if args.only:
@@ -144,7 +155,7 @@ def main() -> None:
         ar_rate = ar["tokens"] / ar["seconds"]
         rate = row["tokens"] / row["seconds"]
         steps = max(row["passes"], 1)
-        if name in SINGLES:
+        if name in singles:
             per_head = [row["accepted"] / steps, 0.0]
         else:
             per_head = [a / steps for a in row["head_accepted"]]
@@ -163,8 +174,7 @@ def main() -> None:
         "command": "PYTHONPATH=$PWD python bench/dual.py " + " ".join(sys.argv[1:]), "commit": commit,
         "hardware": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, torch "
                     f"{torch.__version__}, {args.threads} thread(s), device {args.device}".replace("  ", " "),
-        "caveat": "shared 2-core machine (other helpers' jobs running): ratios are side by side in one run, "
-                  "configurations interleaved prompt by prompt; absolute tok/s noisy, few prompts and tokens",
+        "caveat": args.caveat,
         "prompts": f"{prompts_n} per workload: chat = spec_fast.drafts.prompts.HELDOUT_PROMPTS, input-grounded = "
                    f"bench.defaults.INPUT_GROUNDED (summarise / rewrite / list / copy a given passage; checked "
                    f"absent from the retrieval datastore's training prompts); {new} new tokens",
@@ -181,27 +191,36 @@ def main() -> None:
                      f"| {r['tokens_per_s']:.2f} | {r['ratio_to_ar']:.2f} | {heads} | {r['head_selected']} "
                      f"| {r['host_reads_per_step']:.1f} | {same} |")
     table += ["", "accepted/step: draft tokens accepted per target pass from each head (singles: head 1 only). "
-              "Selected: route = steps whose tree was that head's; merge = steps whose accepted path came from "
+              "Selected: route, route-calibrated = steps whose tree was that head's; merge = steps whose accepted "
+              "path came from "
               "that head (steps accepting nothing count for neither). = AR: greedy only (sampled runs are "
-              "lossless in distribution, not token for token).", ""]
+              "lossless in distribution, not token for token). Summary: (vs best single) = route-calibrated's "
+              "block efficiency / the best single head's, and its tok/s / the fastest single head's, same run.",
+              ""]
     summary = ["| workload | sampling | pair | best single (BE) | merge BE >= best single | best single (tok/s) "
-               "| route tok/s < best single |", "|---|---|---|---|---|---|---|"]
+               "| route tok/s < best single | route-calibrated BE (vs best single) "
+               "| route-calibrated x AR (vs best single) |", "|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["workload"], r["sampling"], r["config"]): r for r in rows}
     for workload in workloads:
         for sampling_name in SAMPLINGS:
-            for first, second in PAIRS:
-                names = (first, second, f"merge({first},{second})", f"route({first},{second})")
+            for first, second in pairs:
+                names = (first, second, f"merge({first},{second})", f"route({first},{second})",
+                         f"route-calibrated({first},{second})")
                 if any((workload, sampling_name, n) not in by_key for n in names):
                     continue
                 head_rows = [by_key[(workload, sampling_name, n)] for n in names[:2]]
-                merge, route = (by_key[(workload, sampling_name, n)] for n in names[2:])
+                merge, route, calibrated = (by_key[(workload, sampling_name, n)] for n in names[2:])
                 best_be = max(head_rows, key=lambda r: float(r["block_efficiency"]))
                 best_rate = max(head_rows, key=lambda r: float(r["tokens_per_s"]))
                 summary.append(
                     f"| {workload} | {sampling_name} | ({first},{second}) | {best_be['config']} "
                     f"{best_be['block_efficiency']:.2f} | {merge['block_efficiency'] >= best_be['block_efficiency']} "
                     f"| {best_rate['config']} {best_rate['ratio_to_ar']:.2f}x | "
-                    f"{route['tokens_per_s'] < best_rate['tokens_per_s']} |")
+                    f"{route['tokens_per_s'] < best_rate['tokens_per_s']} "
+                    f"| {calibrated['block_efficiency']:.2f} "
+                    f"({calibrated['block_efficiency'] / best_be['block_efficiency']:.2f}x) "
+                    f"| {calibrated['ratio_to_ar']:.2f}x "
+                    f"({calibrated['tokens_per_s'] / best_rate['tokens_per_s']:.2f}x) |")
     table += summary
 
     def plot(plt: Any) -> Any:
@@ -221,8 +240,9 @@ def main() -> None:
         fig.tight_layout()
         return fig
 
-    write_results(args.out, "dual", f"Dual drafting: merge / route for (rnn, retrieval), (eagle, retrieval), "
-                  f"(rnn, eagle), per head {args.strategy}, greedy and T=0.7/top-p 0.9", meta, rows, table, plot)
+    write_results(args.out, "dual", f"Dual drafting: merge / route / route-calibrated for "
+                  f"{', '.join('(' + ', '.join(p) + ')' for p in pairs)}, per head {args.strategy}, greedy and "
+                  f"T=0.7/top-p 0.9", meta, rows, table, plot)
 
 
 if __name__ == "__main__":

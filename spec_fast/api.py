@@ -318,7 +318,7 @@ def generate(
     strategy of :func:`spec_fast.settings.resolve_settings`, ``threads=1`` torch CPU threads (``None``
     leaves torch's setting; bench/results/threads.md). Every argument is checked before a model loads
     (``ValueError`` naming it). ``on_text(chunk)`` streams the text. Two drafts ``draft="rnn,retrieval"``
-    need ``dual="merge"`` or ``"route"``.
+    need ``dual="merge"``, ``"route"`` or ``"route-calibrated"``.
     """
     settings = resolve_settings(
         model=model, gguf_file=gguf_file, draft=draft, strategy=strategy, verifier=verifier,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from spec_fast.settings import (
-    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, SettingError,
+    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, SettingError,
     resolve_settings,
 )
 from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
@@ -66,9 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                           f"'early-exit:N' (the target's first N layers, no training), 'none', or a draft model "
                           f"folder sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default "
                           f"model, {DEFAULT_CUSTOM_DRAFT} for any other --model)")
-    gen.add_argument("--dual", default=None, choices=["merge", "route"],
-                     help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge) or "
-                          "only the more confident head's tree each step (route); needs a chain or topk strategy")
+    gen.add_argument("--dual", default=None, choices=list(DUAL_MODES),
+                     help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge), "
+                          "only the head's tree with the higher mean draft confidence each step (route), or the "
+                          "head's tree with more expected accepted tokens under a per-head calibration of draft "
+                          "confidence to acceptance learned from the text so far (route-calibrated); needs a "
+                          "chain or topk strategy")
     gen.add_argument("--strategy", default=None,
                      help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | nde[:VERIFIER] (per-step delayed tree chosen by the "
                           f"NDE selector; needs a model draft) | topk:DEPTH,K,BUDGET | "

@@ -43,7 +43,9 @@ from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import (
     DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
-from spec_fast.drafts.dual import DualDraft, DualDrafter, merge_trees, route, union_tree
+from spec_fast.drafts.dual import (
+    DualDraft, DualDrafter, RouteCalibration, calibrated_route, merge_trees, observe_committed, route, union_tree,
+)
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
@@ -82,6 +84,8 @@ class DecodeState:
     uniform_offset: int = 0
     steps: int = 0
     trees: list[FlatTree] | None = None
+    #: ``--dual route-calibrated``: this call's per-row calibration of draft probability to acceptance
+    route_calibration: RouteCalibration | None = None
 
 
 @dataclass
@@ -255,6 +259,8 @@ class SpeculativeDecoder:
             dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
             nde_previous=previous,
+            route_calibration=RouteCalibration.empty(batch, self.device)
+            if self.dual is not None and self.dual.mode == "route-calibrated" else None,
         )
 
     def _step(self, st: DecodeState) -> list[list[int]]:
@@ -299,6 +305,8 @@ class SpeculativeDecoder:
                 head.pending_width = drafts[-1].pending_width
             if self.dual.mode == "route":
                 dual = route(drafts[0], drafts[1])
+            elif st.route_calibration is not None:
+                dual = calibrated_route(drafts[0], drafts[1], st.route_calibration)
             else:
                 dual = (merge_trees if st.sampling.greedy else union_tree)(drafts[0], drafts[1])
             return dual.batch, dual
@@ -400,6 +408,9 @@ class SpeculativeDecoder:
         """Emit the accepted tokens, gather every cache to the accepted path, queue what a drafter lacks."""
         batch = len(st.active)
         entries = dual.head_entries if dual is not None else (draft.entries,) * len(st.heads)
+        if st.route_calibration is not None and dual is not None:  # both heads against the committed block
+            st.route_calibration = observe_committed(st.route_calibration, dual, verified.accepted_slots,
+                                                     verified.accepted_depth, verified.next_token, st.active)
         # host side: one read of this step's small tensors (stopping, streaming, cache bookkeeping)
         slots, tokens, nxt, nacc, depths, choice, head_of, entry_lists = read_back(verified, draft, dual, entries)
         drafted = depth_cap >= 1

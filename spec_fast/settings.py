@@ -42,7 +42,8 @@ DEFAULT_THREADS = 1
 NAMED_DRAFTS = ("distilled", "eagle", "rnn", "heads", "retrieval", "distilled+retrieval", "eagle+retrieval",
                 "rnn+retrieval")
 DTYPES = ("float32", "bfloat16", "float16")
-DUAL_MODES = ("merge", "route")
+#: dual-draft modes (spec_fast.drafts.dual.DUAL_MODES, kept here to avoid importing torch; a test keeps them equal)
+DUAL_MODES = ("merge", "route", "route-calibrated")
 #: weight-only quantisation of the lean forward (spec_fast.models.QUANTIZE, kept here to avoid importing torch)
 QUANTIZE = ("none", "int8", "int4")
 
@@ -193,7 +194,8 @@ def resolve_settings(
     ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
     with a named draft and ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
-    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge`` or ``route``, :class:`spec_fast.drafts.dual.DualDrafter`).
+    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge``, ``route`` or ``route-calibrated``,
+    :class:`spec_fast.drafts.dual.DualDrafter`).
     """
     t = temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):

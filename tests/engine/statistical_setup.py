@@ -60,7 +60,7 @@ TARGET_TV = 0.02
 @dataclass(frozen=True)
 class EngineConfig:
     """One engine configuration: strategy spec, verifier (None for dual drafts: NSS), drafter kind
-    (``early-exit`` | ``retrieval`` | ``dual-merge`` | ``dual-route``), its negative control
+    (``early-exit`` | ``retrieval`` | ``dual-merge`` | ``dual-route`` | ``dual-route-calibrated``), its negative control
     (``wrong-q`` | ``parent-row`` | ``best-of-two``) and its row tier (``full`` | ``tree`` | ``small``)."""
 
     strategy: str
@@ -103,6 +103,8 @@ DUAL_CONFIGS = [
     _c("topk:2,2,4", None, "dual-merge", control="best-of-two", tier="small"),
     _c("chain:2", None, "dual-route", control="best-of-two", tier="small"),
     _c("topk:2,2,4", None, "dual-route", control="best-of-two", tier="small"),
+    _c("chain:2", None, "dual-route-calibrated", control="best-of-two", tier="small"),
+    _c("topk:2,2,4", None, "dual-route-calibrated", control="best-of-two", tier="small"),
 ]
 NUM_CONFIGS = len(SINGLE_CONFIGS) + len(DUAL_CONFIGS)
 ALPHA_FAMILY = 1e-4

@@ -2,8 +2,9 @@
 
 Design of test_sampling_statistical (tests/engine/statistical_setup.py: tiny Llama, V = 4, early-exit and
 retrieval drafts, T = 0.9, top-p 0.95, first two tokens, 16 cells): ``DualDrafter(early-exit, retrieval)``
-in ``merge`` (NSS on the union tree) and ``route`` (NSS on the winner's tree) mode, per-head chain:2 and
-topk:2,2,4, against the exact AR law, at ``ALPHA_CONFIG`` per configuration (Bonferroni share of
+in ``merge`` (NSS on the union tree), ``route`` and ``route-calibrated`` (NSS on the winner's tree; the
+calibrated route's second step, taken by rows that emitted one token, routes on a calibration learned from
+the first) mode, per-head chain:2 and topk:2,2,4, against the exact AR law, at ``ALPHA_CONFIG`` per configuration (Bonferroni share of
 ``ALPHA_FAMILY = 1e-4``) and the ``small`` tier's rows (detectable TV printed; docs/testing.md section 4.4).
 
 Negative controls (lossy by design, docs/algorithms.md section 8): every configuration verified twice with
