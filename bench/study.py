@@ -311,12 +311,16 @@ def main() -> None:
     prompts = [chat_prompt_ids(tokenizer, p) for texts in kinds.values() for p in texts[:per_kind]]
     started = time.time()
     rows = []
+    os.makedirs(args.out, exist_ok=True)
+    partial = os.path.join(args.out, "study.partial.json")
     for temperature, top_p in settings:
         for method in methods:
             for strategy in shapes(method, args.quick):
                 row = run_config(target, drafter, prompts, strategy, method, temperature, top_p, new_tokens,
                                  args.seed)
                 rows.append(row)
+                with open(partial, "w") as fh:  # a killed run keeps the configurations it finished
+                    json.dump(rows, fh)
                 print(f"T={temperature} p={top_p} {method} {strategy}: BE {row['measured_block_efficiency']:.3f} "
                       f"exact {row['expected_block_efficiency']:.3f} {row['tokens_per_s']:.2f} tok/s",
                       file=sys.stderr, flush=True)
@@ -330,9 +334,9 @@ def main() -> None:
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "wall seconds": round(time.time() - started, 1),
     }
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "study.json"), "w") as fh:
         json.dump({"meta": meta, "results": rows}, fh, indent=2)
+    os.remove(partial)
     lines = ["# Systematic comparison of the verifiers (seed 002 section 4) on SmolLM2-135M-Instruct", "",
              *(f"- {k}: {v}" for k, v in meta.items()), "", *tables(rows, settings)]
     with open(os.path.join(args.out, "study.md"), "w") as fh:

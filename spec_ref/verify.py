@@ -232,7 +232,17 @@ def node_plan(solver: Solver, target_probs: Vector, draft_probs: Vector, k: int)
     SpecTr's bisection and Khisti's pair LPs depend on (p_u, q_u, k) only; the exact enumerator calls a
     verifier thousands of times on the same nodes, so the plan is computed once per distinct input.
     """
-    return _cached_plan(solver, tuple(target_probs.tolist()), tuple(draft_probs.tolist()), k, is_exact(target_probs))
+    exact = is_exact(target_probs)
+    if len(target_probs) > MEMO_MAX_VOCAB:
+        return solver.plan(list(target_probs), list(draft_probs), k) if exact else solver.plan(
+            np.asarray(target_probs, dtype=np.float64), np.asarray(draft_probs, dtype=np.float64), k)
+    return _cached_plan(solver, tuple(target_probs.tolist()), tuple(draft_probs.tolist()), k, exact)
+
+
+#: Plans over larger vocabularies are not memoised. The key holds two V-tuples of Python numbers and the plan
+#: O(V) more, so a full cache of 4096 plans over a real vocabulary (V = 49152) would hold over 10 GB; the
+#: enumerator, which is what the memo is for, only runs on small vocabularies.
+MEMO_MAX_VOCAB = 1024
 
 
 @lru_cache(maxsize=4096)

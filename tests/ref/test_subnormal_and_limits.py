@@ -38,3 +38,24 @@ def test_khisti_refuses_more_draws_than_its_limit_before_solving_any_lp() -> Non
     with pytest.raises(ValueError, match=r"k=1000000 draws need 999999 pair LPs; .* at most k=256"):
         solver.plan(np.full(4, 0.25), np.full(4, 0.25), 10**6)
     assert solver.plan(np.full(4, 0.25), np.full(4, 0.25), 3).k == 3
+
+
+@pytest.mark.parametrize("method", ["spectr", "specinfer", "khisti"])
+def test_plans_over_a_real_vocabulary_are_not_memoised(method: str) -> None:
+    """The plan memo keys on the two laws as tuples; over V = 49152 a full memo held over 10 GB (a study run
+    was killed for memory). Large vocabularies bypass it with the same plan; small ones still memoise."""
+    from spec_ref.verify import MEMO_MAX_VOCAB, _cached_plan, node_plan, ot_solver
+
+    solver = ot_solver(method, {})
+    rng = np.random.default_rng(0)
+    size = MEMO_MAX_VOCAB + 1
+    target, draft = rng.dirichlet(np.ones(size)), rng.dirichlet(np.ones(size))
+    before = _cached_plan.cache_info().currsize
+    plan = node_plan(solver, target, draft, 2)
+    assert _cached_plan.cache_info().currsize == before
+    direct = solver.plan(target, draft, 2)
+    assert plan.k == direct.k == 2
+    assert np.array_equal(np.asarray(plan.target_probs), np.asarray(direct.target_probs))
+    small_target, small_draft = target[:8] / target[:8].sum(), draft[:8] / draft[:8].sum()
+    node_plan(solver, small_target, small_draft, 2)
+    assert _cached_plan.cache_info().currsize == before + 1 or _cached_plan.cache_info().currsize == 4096
