@@ -177,6 +177,7 @@ def run_config(target: Any, drafter: Any, prompts: list[list[int]], strategy: st
         "mean_accepted_plus_one": float(np.mean([r.accepted_depth + 1 for r in records])) if records else math.nan,
         "sd_accepted": float(np.std([r.accepted_depth for r in records])) if records else math.nan,
         "depth_acceptance": depth_acceptance(records),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # tok/s of rows run under other load are not comparable
     }
     if chain and records:  # BV vs naive on the same recorded trees (BV >= naive holds in expectation over
         # the drafted chain, not for every drafted chain: tests/study checks the former exactly)
@@ -228,14 +229,14 @@ def tables(rows: list[dict[str, Any]], settings: list[tuple[float, float]]) -> l
     lines += ["", "## Every configuration (layout of Tables 8-15, one block per setting)", ""]
     for s in settings:
         lines += [f"### {label[s]}", "", "| method | shape | measured BE | exact expected BE | mean tau+1 of the "
-                  "recorded steps | tok/s | acceptance by depth | steps |", "|---|---|---:|---:|---:|---:|---|---:|"]
+                  "recorded steps | tok/s | acceptance by depth | steps | load |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
         for r in rows:
             if (r["temperature"], r["top_p"]) != s:
                 continue
             depth = " ".join(_fmt(a) for a in r["depth_acceptance"])
             lines.append(f"| {r['method']} | {r['strategy']} | {r['measured_block_efficiency']:.3f} | "
                          f"{_fmt(r['expected_block_efficiency'], 3)} | {_fmt(r['mean_accepted_plus_one'], 3)} | "
-                         f"{r['tokens_per_s']:.2f} | {depth} | {r['steps_recorded']} |")
+                         f"{r['tokens_per_s']:.2f} | {depth} | {r['steps_recorded']} | {r.get('load_average_1min', 'n/a')} |")
         lines.append("")
     chains = [r for r in rows if "expected_bv_same_trees" in r]
     lines += ["## BV vs naive on the same recorded chains", "",
