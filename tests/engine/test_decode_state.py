@@ -3,14 +3,13 @@ call repeats its tokens exactly, with and without ``+adaptive`` (the controller 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama
+from tests.engine.threads import run_in_two_threads
 
 TARGET = tiny_llama(vocab_size=32, seed=5)
 PROMPTS = ([[1, 5, 7, 9, 3], [4, 2]], [[8, 8, 1], [30, 2, 2, 2, 9, 1], [6]])
@@ -21,25 +20,9 @@ def test_two_threads_sharing_a_decoder_get_the_tokens_of_calls_run_alone(strateg
     decoder = SpeculativeDecoder(TARGET, EarlyExitDrafter(TARGET, 1), parse_strategy(strategy))
     sampling = [SamplingParams(temperature=temperature, seed=s) for s in (3, 4)]
     alone = [decoder.generate(p, max_new_tokens=16, sampling=s).tokens for p, s in zip(PROMPTS, sampling)]
-    together: list[list[list[int]]] = [[], []]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            for _ in range(2):
-                together[i].extend(decoder.generate(PROMPTS[i], max_new_tokens=16, sampling=sampling[i]).tokens)
-        except BaseException as error:  # surfaced below: a thread's exception would otherwise vanish
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert together == [alone[0] * 2, alone[1] * 2]
+    together = run_in_two_threads(
+        lambda i: decoder.generate(PROMPTS[i], max_new_tokens=16, sampling=sampling[i]).tokens)
+    assert together == [[alone[0]] * 2, [alone[1]] * 2]
 
 
 @pytest.mark.parametrize("strategy", ["chain:3", "chain:3+adaptive", "iid:2x2+adaptive"])

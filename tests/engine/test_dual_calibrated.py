@@ -7,7 +7,6 @@ it, the calibrated route leaves it after the first step. Tiny random models, sec
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from spec_fast.engine import DecodeState, SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from spec_ref import dual as ref_dual
 from tests.engine.test_dual import AR, DRAFT_MODEL, HEADS, NEW_TOKENS, PROMPTS, TARGET, _row_tree
+from tests.engine.threads import run_in_two_threads
 
 
 @pytest.mark.parametrize("heads,strategy", [("early-exit,model", "chain:3"), ("model,retrieval", "topk:3,2,5"),
@@ -145,25 +145,11 @@ def test_the_calibration_is_per_call_and_not_shared_between_threads() -> None:
     assert again.state is not None and alone[0].state is not None
     assert again.state.route_calibration is not None and alone[0].state.route_calibration is not None
     assert torch.equal(again.state.route_calibration.offers, alone[0].state.route_calibration.offers)
-    together: list[list[Any]] = [[], []]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
+    def call(i: int) -> Any:
+        out = decoder.generate(prompts[i], max_new_tokens=NEW_TOKENS, sampling=sampling[i])
+        return out.tokens, out.metrics.head_selected
 
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            for _ in range(2):
-                out = decoder.generate(prompts[i], max_new_tokens=NEW_TOKENS, sampling=sampling[i])
-                together[i].append((out.tokens, out.metrics.head_selected))
-        except BaseException as error:  # surfaced below: a thread's exception would otherwise vanish
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    together = run_in_two_threads(call)
     for i in range(2):
         assert together[i] == [(alone[i].tokens, alone[i].metrics.head_selected)] * 2
 
