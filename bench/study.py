@@ -19,6 +19,8 @@ The recording hook's own time (moving the laws to float64 NumPy) is subtracted f
 
     python bench/study.py --quick   # 4 settings, one shape per method (about 6 minutes here)
     python bench/study.py           # 8 settings, 3-5 shapes per method (about an hour here)
+    python bench/study.py --deep    # 4 settings, paths of 4 and 8 tokens (K = 2, 4)
+    python bench/study.py --tables-from full/study.json deep/study.json   # one report of both runs
 
 Both decode 1 prompt per task kind x 16 new tokens (``--prompts``, ``--max-new-tokens`` for more).
 """
@@ -189,13 +191,16 @@ def run_config(target: Any, drafter: Any, prompts: list[list[int]], strategy: st
     return row
 
 
-def shapes(method: str, quick: bool) -> list[str]:
-    """The shapes each method runs: quick, one per method; full, chains of 1-3 tokens for the single-path
-    methods and i.i.d. trees of K = 2-4 paths (K = 1 is naive for every OT method) plus one delayed tree for
-    the OT methods, sized so the full grid takes about an hour on a 2-core CPU."""
+def shapes(method: str, grid: str) -> list[str]:
+    """The shapes each method runs. ``quick``: one per method. ``full``: chains of 1-3 tokens for the
+    single-path methods, i.i.d. trees of K = 2-4 paths of 1-2 tokens (K = 1 is naive for every OT method)
+    plus one delayed tree for the OT methods, sized so it takes about an hour on a 2-core CPU. ``deep``: the
+    paths of 4 and 8 tokens the full grid leaves out (chains 4 and 8; K = 2 and 4 paths of 4 and 8 tokens)."""
+    if grid == "deep":
+        return ["chain:4", "chain:8"] if method in SINGLE else ["iid:2x4", "iid:4x4", "iid:2x8", "iid:4x8"]
     if method in SINGLE:
-        return ["chain:2"] if quick else ["chain:1", "chain:2", "chain:3"]
-    if quick:
+        return ["chain:2"] if grid == "quick" else ["chain:1", "chain:2", "chain:3"]
+    if grid == "quick":
         return ["iid:2x2"]
     out = ["iid:2x1", "iid:2x2", "iid:3x2", "iid:4x2"]
     return out + (["delayed:2,1,1"] if method in OT else [])
@@ -289,7 +294,10 @@ def plot(rows: list[dict[str, Any]], settings: list[tuple[float, float]], out: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="4 settings, one shape per method")
+    parser.add_argument("--deep", action="store_true", help="4 settings, paths of 4 and 8 tokens")
+    parser.add_argument("--tables-from", nargs="+", default=None, metavar="JSON",
+                        help="decode nothing: write study.md and study.png of these runs' study.json together")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per task kind")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--methods", default=",".join(ALL_METHODS))
@@ -298,13 +306,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "study"))
     args = parser.parse_args()
+    if args.tables_from:
+        runs = []
+        for path in args.tables_from:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        rows = [row for run in runs for row in run["results"]]
+        present = {(r["temperature"], r["top_p"]) for r in rows}
+        write_report(args.out, [run["meta"] for run in runs], rows, [s for s in SETTINGS if s in present])
+        return
     torch.set_num_threads(args.threads)
     from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids, load_model
 
     per_kind = args.prompts or 1
     new_tokens = args.max_new_tokens or 16
-    settings = QUICK_SETTINGS if args.quick else SETTINGS
+    settings = QUICK_SETTINGS if args.quick or args.deep else SETTINGS
+    grid = "quick" if args.quick else "deep" if args.deep else "full"
     methods = [m for m in args.methods.split(",") if m]
     target, tokenizer = load_model(device=args.device)
     drafter = load_drafter("distilled", target)
@@ -316,7 +334,7 @@ def main() -> None:
     partial = os.path.join(args.out, "study.partial.json")
     for temperature, top_p in settings:
         for method in methods:
-            for strategy in shapes(method, args.quick):
+            for strategy in shapes(method, grid):
                 row = run_config(target, drafter, prompts, strategy, method, temperature, top_p, new_tokens,
                                  args.seed)
                 rows.append(row)
@@ -338,11 +356,22 @@ def main() -> None:
     with open(os.path.join(args.out, "study.json"), "w") as fh:
         json.dump({"meta": meta, "results": rows}, fh, indent=2)
     os.remove(partial)
-    lines = ["# Systematic comparison of the verifiers (seed 002 section 4) on SmolLM2-135M-Instruct", "",
-             *(f"- {k}: {v}" for k, v in meta.items()), "", *tables(rows, settings)]
-    with open(os.path.join(args.out, "study.md"), "w") as fh:
+    write_report(args.out, [meta], rows, settings)
+
+
+def write_report(out: str, metas: list[dict[str, Any]], rows: list[dict[str, Any]],
+                 settings: list[tuple[float, float]]) -> None:
+    """``study.md`` (one metadata block per run that produced ``rows``) and ``study.png`` under ``out``."""
+    lines = ["# Systematic comparison of the verifiers (seed 002 section 4) on SmolLM2-135M-Instruct", ""]
+    for i, meta in enumerate(metas):
+        if len(metas) > 1:
+            lines += [f"Run {i + 1} of {len(metas)}:", ""]
+        lines += [*(f"- {k}: {v}" for k, v in meta.items()), ""]
+    lines += tables(rows, settings)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "study.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
-    plot(rows, settings, args.out)
+    plot(rows, settings, out)
     print("\n".join(lines))
 
 
