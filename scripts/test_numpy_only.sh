@@ -8,13 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=build/numpy_only_venv
-# the same Hypothesis as scripts/setup.sh: the derandomized CI profile's examples depend on its version
-HYPOTHESIS=hypothesis==6.155.2
-STAMP="$VENV/.installed-for-$( (pwd; echo "$HYPOTHESIS") | cksum | cut -d' ' -f1)"
+# the same pinned versions as scripts/setup.sh: the derandomized CI profile's examples depend on Hypothesis's
+CONSTRAINTS=scripts/constraints.txt
+STAMP="$VENV/.installed-for-$( (pwd; cat "$CONSTRAINTS") | cksum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check numpy scipy "$HYPOTHESIS" pytest >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$CONSTRAINTS" numpy scipy hypothesis pytest >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e . >&2
     touch "$STAMP"
 fi

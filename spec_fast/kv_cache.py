@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from spec_fast._hf_compat import cache_keyword
 from spec_fast.tree_attention import additive_mask, extend_ancestors, tree_attention_mask
 
 __all__ = ["TreeKVCache"]
@@ -41,6 +42,7 @@ class TreeKVCache:
             from transformers import DynamicCache
 
             self.cache = DynamicCache(config=model.config)
+        self._cache_keyword = cache_keyword(model.forward)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.context_size = 0
         self.ancestors = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)
@@ -86,12 +88,13 @@ class TreeKVCache:
         dtype = next(self.model.parameters()).dtype
         mask = None if plain else additive_mask(
             tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query), dtype)
-        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}
+        extra: dict[str, Any] = {self._cache_keyword: self.cache}
+        if logits_to_keep > 0:
+            extra["logits_to_keep"] = logits_to_keep
         out = self.model(
             input_ids=tokens.clamp(min=0),
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=output_hidden_states,
             **extra,

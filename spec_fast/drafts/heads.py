@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from spec_fast._hf_compat import cache_keyword
 from spec_fast.drafts.model import Drafter, finish_draft_model, truncated_config
 from spec_fast.kv_cache import TreeKVCache
 
@@ -178,6 +179,7 @@ class FeatureHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         if kind == "eagle":
             self.layer = LlamaDecoderLayer(self.config, layer_idx=0)
+            self.layer_cache_keyword = cache_keyword(self.layer.forward)
             self.rotary = LlamaRotaryEmbedding(self.config)
         else:
             self.mlp_norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
@@ -216,9 +218,9 @@ class FeatureHead(nn.Module):
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
             rope = self.rotary(x, position_ids)
+            cache_arg = {self.layer_cache_keyword: past_key_values}
             x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,
-                           past_key_values=past_key_values, use_cache=past_key_values is not None,
-                           position_embeddings=rope)
+                           use_cache=past_key_values is not None, position_embeddings=rope, **cache_arg)
         else:
             x = x + self.mlp(self.mlp_norm(x))
         out: torch.Tensor = self.norm(x)

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
+from spec_fast._hf_compat import cache_keyword
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.kv_cache import TreeKVCache
@@ -64,7 +65,7 @@ def test_tree_attention_logits_of_every_node_equal_a_plain_forward_on_its_path(n
 def _fresh_cache(model: Any, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+        model(torch.tensor([tokens]), use_cache=True, **{cache_keyword(model.forward): cache})
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
 
