@@ -161,9 +161,13 @@ def test_a_closed_pipe_ends_quietly(tiny_chat_model_dir: str, tmp_path: Any) -> 
 
 
 def test_ctrl_c_ends_quietly_with_status_130(tiny_chat_model_dir: str) -> None:
+    # Ctrl-C in a terminal reaches a process whose SIGINT disposition is the default. A test runner started
+    # in the background of a non-interactive shell (as CI may be) has SIGINT ignored, the child inherits
+    # that, and Python then installs no KeyboardInterrupt handler: restore the default in the child.
     proc = subprocess.Popen([sys.executable, "-m", "spec_fast", "generate", "hello", "--model", tiny_chat_model_dir,
                              "--draft", "none", "--max-new-tokens", "4000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     proc.stdout.read(5)  # decoding has started
     proc.send_signal(signal.SIGINT)
