@@ -13,7 +13,10 @@ reports side by side:
   suite checks it by enumeration), so its chain value is BV's closed form, and on K >= 2 trees it is left
   out (enumerating its draws over V = 49152 is out of reach);
 * acceptance by tree depth (why OT methods win near the root and lose deeper);
-* for chains, BV's and naive's expectations on the *same* recorded trees (BV >= naive step by step).
+* for chains, BV's and naive's expectations on the *same* recorded trees (BV >= naive step by step);
+* for multi-path trees, every OT method's exact expectation on the *same* recorded trees (those of the
+  SpecInfer run of each setting and shape: i.i.d. and delayed trees are drawn the same way whatever the
+  verifier), a paired comparison without trajectory noise, with the standard error of each difference.
 
 The recording hook's own time (moving the laws to float64 NumPy) is subtracted from the measured time.
 
@@ -156,6 +159,25 @@ def depth_acceptance(records: list[StepRecord]) -> list[float]:
     return out
 
 
+#: the run whose recorded multi-path trees every OT method is evaluated on (any OT run would do: the tree
+#: drawing does not depend on the verifier)
+PAIRED_HOST = "specinfer"
+
+
+def paired_expectations(records: list[StepRecord]) -> dict[str, Any]:
+    """Every OT method's exact E[tau + 1 | tree] on the same recorded trees: means, and the mean and standard
+    error of each method's difference from SpecInfer's (paired over the trees)."""
+    values = {m: np.array([expected_be(r, m) for r in records]) for m in OT}
+    base = values[PAIRED_HOST]
+    out: dict[str, Any] = {"trees": len(records), "mean": {m: float(v.mean()) for m, v in values.items()},
+                           "minus_specinfer": {}, "se_minus_specinfer": {}}
+    for m, v in values.items():
+        diff = v - base
+        out["minus_specinfer"][m] = float(diff.mean())
+        out["se_minus_specinfer"][m] = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.nan
+    return out
+
+
 def run_config(target: Any, drafter: Any, prompts: list[list[int]], strategy: str, method: str,
                temperature: float, top_p: float, new_tokens: int, seed: int) -> dict[str, Any]:
     decoder = RecordingDecoder(target, drafter, parse_strategy(strategy, method))
@@ -181,6 +203,8 @@ def run_config(target: Any, drafter: Any, prompts: list[list[int]], strategy: st
         "depth_acceptance": depth_acceptance(records),
         "load_average_1min": round(os.getloadavg()[0], 2),  # tok/s of rows run under other load are not comparable
     }
+    if not chain and records and method == PAIRED_HOST:
+        row["paired"] = paired_expectations(records)
     if chain and records:  # BV vs naive on the same recorded trees (BV >= naive holds in expectation over
         # the drafted chain, not for every drafted chain: tests/study checks the former exactly)
         bv = [expected_be(r, "bv") for r in records]
@@ -243,6 +267,27 @@ def tables(rows: list[dict[str, Any]], settings: list[tuple[float, float]]) -> l
                          f"{_fmt(r['expected_block_efficiency'], 3)} | {_fmt(r['mean_accepted_plus_one'], 3)} | "
                          f"{r['tokens_per_s']:.2f} | {depth} | {r['steps_recorded']} | {r.get('load_average_1min', 'n/a')} |")
         lines.append("")
+    paired = [r for r in rows if "paired" in r]
+    if paired:
+        lines += ["## Every OT method on the same recorded trees (exact, paired)", "",
+                  "Exact E[tau + 1 | tree] of each OT method on the trees the SpecInfer run of that setting and "
+                  "shape drafted (the drafting does not depend on the verifier, so these are the trees any OT "
+                  "run would see). Each cell: the mean over the trees, then the mean difference from SpecInfer "
+                  "on the same trees with its standard error. Pairing removes the trajectory noise that the "
+                  "per-run columns above carry.", "",
+                  "| setting | shape | trees | " + " | ".join(OT) + " | best |",
+                  "|---|---|---:|" + "---|" * len(OT) + "---|"]
+        for r in paired:
+            pr = r["paired"]
+            cells = []
+            for m in OT:
+                diff = "" if m == PAIRED_HOST else (f" ({pr['minus_specinfer'][m]:+.3f} ± "
+                                                     f"{pr['se_minus_specinfer'][m]:.3f})")
+                cells.append(f"{pr['mean'][m]:.3f}{diff}")
+            best = max(OT, key=lambda m: pr["mean"][m])
+            lines.append(f"| T={r['temperature']}, p={r['top_p']} | {r['strategy']} | {pr['trees']} | "
+                         + " | ".join(cells) + f" | {best} |")
+        lines.append("")
     chains = [r for r in rows if "expected_bv_same_trees" in r]
     lines += ["## BV vs naive on the same recorded chains", "",
               "E[tau + 1 | drafted chain] of BV and of naive on the trees one run drafted (BV's optimality holds "
@@ -301,6 +346,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="prompts per task kind")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--methods", default=",".join(ALL_METHODS))
+    parser.add_argument("--draft", default="distilled", help="the draft (any --draft name of spec-fast generate)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -325,7 +371,7 @@ def main() -> None:
     grid = "quick" if args.quick else "deep" if args.deep else "full"
     methods = [m for m in args.methods.split(",") if m]
     target, tokenizer = load_model(device=args.device)
-    drafter = load_drafter("distilled", target)
+    drafter = load_drafter(args.draft, target)
     kinds = load_prompts()
     prompts = [chat_prompt_ids(tokenizer, p) for texts in kinds.values() for p in texts[:per_kind]]
     started = time.time()
@@ -348,7 +394,7 @@ def main() -> None:
         "commit": git_commit(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs, device {args.device}",
         "torch": f"{torch.__version__}, {args.threads} thread(s)",
-        "models": "SmolLM2-135M-Instruct float32 (target) + the trained distilled draft",
+        "models": f"SmolLM2-135M-Instruct float32 (target) + the {args.draft} draft",
         "prompts": f"{per_kind} per kind x {len(kinds)} kinds ({', '.join(kinds)}), {new_tokens} new tokens, batch 1",
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "wall seconds": round(time.time() - started, 1),

@@ -7,6 +7,9 @@ early-exit draft: the recorded steps are real engine steps, and on them
 * SpecTr, SpecInfer, Khisti and NaiveTree equal naive on one-path trees (footnote 2 of seed 002; NSS does
   not: it accepts a drafted x with p(x) <= min(1, p(x)/q(x)), so it is checked to be <= naive instead);
 * Traversal equals BV at K = 1 (exact enumeration of the Traversal verifier on the recorded trees);
+* the paired table evaluates every OT method on the same recorded trees: its means are the per-tree
+  expectations averaged, and on one-path trees it reproduces the K = 1 reductions (differences from
+  SpecInfer 0 except NSS's, which is negative);
 * the measured mean of tau + 1 is within its confidence interval of the exact expectation (two-sided
   z-test at alpha 1e-6; a wrong expectation, NSS's on a naive run, is rejected by the same test, with the
   gap certified to give power 0.99).
@@ -26,7 +29,16 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from bench.study import PROMPTS_PATH, RecordingDecoder, StepRecord, expected_be, load_prompts, target_model
+from bench.study import (
+    OT,
+    PROMPTS_PATH,
+    RecordingDecoder,
+    StepRecord,
+    expected_be,
+    load_prompts,
+    paired_expectations,
+    target_model,
+)
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams
 from spec_fast.strategies import parse_strategy
@@ -127,6 +139,20 @@ def test_traversal_equals_bv_at_k1_by_enumeration(chain_records: list[StepRecord
         enumerated = exact_block_efficiency(r.tree, target_model(r.tree, r.target), "traversal")
         assert float(enumerated) == pytest.approx(expected_be(r, "bv"), abs=1e-9)
         assert expected_be(r, "traversal") == expected_be(r, "bv")
+
+
+def test_paired_expectations_evaluate_every_ot_method_on_the_same_trees(chain_records: list[StepRecord]) -> None:
+    tree_records = _records("iid:2x2", "specinfer", rows=24)
+    paired = paired_expectations(tree_records)
+    assert paired["trees"] == len(tree_records)
+    for method in OT:
+        assert paired["mean"][method] == pytest.approx(np.mean([expected_be(r, method) for r in tree_records]))
+    assert paired["minus_specinfer"]["specinfer"] == 0.0
+    assert any(abs(paired["minus_specinfer"][m]) > 1e-6 for m in OT)  # the methods differ on K = 2 trees
+    one_path = paired_expectations(chain_records[:40])
+    for method in ("spectr", "khisti", "naive_tree"):
+        assert one_path["minus_specinfer"][method] == pytest.approx(0.0, abs=1e-9)
+    assert one_path["minus_specinfer"]["nss"] < -1e-6
 
 
 def _z(records: list[StepRecord], expectations: list[float]) -> float:
