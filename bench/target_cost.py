@@ -1,6 +1,8 @@
 """Cost of one SmolLM2-135M target pass by forward and weight format, as a function of its width, in one run.
 
 Variants (``--variants``): ``hf`` (HF's model, float32), ``lean`` (:mod:`spec_fast.lean`, float32),
+``lean-rowmajor`` (the same with every weight stored row-major, as HF stores it: the layout comparison of
+:mod:`spec_fast.lean.quant`),
 ``lean-bf16`` (bfloat16 weights), ``lean-int8`` and ``lean-int4`` (weight-only quantisation; the int4 model
 keeps an int8 LM head). Every variant runs through our ``TreeKVCache`` exactly as a verification pass does
 (a chain block of ``Q`` new tokens with its tree mask behind a 120-token context); variants and widths are
@@ -47,7 +49,8 @@ from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy  # noqa: E402
 
 WIDTHS = (1, 2, 3, 4, 8, 16)
 CONTEXT = 120
-VARIANTS = {"hf": None, "lean": "float32", "lean-bf16": "bfloat16", "lean-int8": "int8", "lean-int4": "int4"}
+VARIANTS = {"hf": None, "lean": "float32", "lean-rowmajor": "float32", "lean-bf16": "bfloat16", "lean-int8": "int8",
+            "lean-int4": "int4"}
 PROMPTS = [
     "Write a short poem about the sea.",
     "Give me three tips for staying focused while studying.",
@@ -56,6 +59,13 @@ PROMPTS = [
     "Explain the Pythagorean theorem in one paragraph.",
     "Summarise the plot of Cinderella in two sentences.",
 ]
+
+
+def row_major(model: LeanLlama) -> None:
+    """Store every float32 weight of ``model`` row-major (``[N, K]`` contiguous), HF's layout."""
+    for module in model.modules():
+        if isinstance(module, LeanLinear) and module.kind == "float32":
+            module.weight = torch.nn.Parameter(module.weight.contiguous(), requires_grad=False)
 
 
 def pass_costs(models: dict[str, Any], rounds: int, device: torch.device) -> dict[tuple[str, int], list[float]]:
@@ -148,8 +158,8 @@ STEP_PARTS = {
     # cProfile function names -> breakdown column (cumulative time; the draft pass is inside the drafter's call)
     "target_pass": ("kv_cache.py", "forward"),
     "commit": ("kv_cache.py", "commit"),
-    "verify": ("engine.py", "greedy_verify"),
-    "draft": ("engine.py", "_draft_chain"),
+    "verify": ("verify.py", "verify_greedy"),
+    "draft": ("drafting.py", "draft_chain"),
 }
 
 
@@ -202,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         weights = VARIANTS[name]
         models[name] = hf_model if weights is None else LeanLlama.from_hf(hf_model, weights)
+        if name == "lean-rowmajor":
+            row_major(models[name])
     prompts = [chat_prompt_ids(tokenizer, text) for text in PROMPTS[: args.prompts]]
 
     times = pass_costs(models, args.rounds, device)

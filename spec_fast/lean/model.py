@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
-from spec_fast.lean.quant import KINDS, LeanLinear
+from spec_fast.lean.quant import KINDS, LeanLinear, column_major
 
 __all__ = ["LeanLlama", "LeanOutput", "SUPPORTED_MODEL_TYPES", "supports"]
 
@@ -227,7 +227,11 @@ class LeanLlama(nn.Module):
         with torch.device("meta"):
             lean = cls(config)
         hf = model.model
+        head = model.get_output_embeddings().weight
+        tied = head is hf.embed_tokens.weight
         embed_weight = hf.embed_tokens.weight.detach().float()
+        if tied and head_kind == "float32":  # the float32 LM head reads the embedding: store it for the head
+            embed_weight = column_major(embed_weight)
         lean.model.embed_tokens = nn.Embedding(int(embed_weight.shape[0]), int(embed_weight.shape[1]),
                                                _weight=embed_weight, _freeze=True)
         rotary = hf.rotary_emb
@@ -249,8 +253,6 @@ class LeanLlama(nn.Module):
             layer.mlp.down_proj = LeanLinear.from_weight(mlp.down_proj.weight.float(), None, weights)
             layer.input_layernorm = _norm(block.input_layernorm)
             layer.post_attention_layernorm = _norm(block.post_attention_layernorm)
-        head = model.get_output_embeddings().weight
-        tied = head is hf.embed_tokens.weight
         if tied and head_kind == "float32":
             lean.lm_head = LeanLinear.from_weight(lean.model.embed_tokens.weight, None, "float32")
         else:

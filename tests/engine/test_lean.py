@@ -159,6 +159,27 @@ def test_quantised_kernels_compute_each_row_independently_of_the_batch(kind: str
             assert torch.equal(layer(x[1, :rows])[i], full[1, i]), (kind, rows, i)
 
 
+def test_float32_widening_weights_are_stored_column_major_and_compute_the_same_product() -> None:
+    torch.manual_seed(4)
+    for shape, column in (((96, 64), True), ((64, 96), False), ((64, 64), False)):
+        weight = torch.randn(*shape)
+        layer = LeanLinear.from_weight(weight, None, "float32")
+        assert layer.weight.shape == weight.shape and torch.equal(layer.weight, weight)
+        assert layer.weight.t().is_contiguous() == column and layer.weight.is_contiguous() == (not column)
+        x = torch.randn(2, 3, shape[1])
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tied_float32_head_shares_the_column_major_embedding(hf_model: Any) -> None:
+    lean = LeanLlama.from_hf(hf_model)
+    embed = lean.model.embed_tokens.weight
+    if hf_model.config.tie_word_embeddings:
+        assert lean.lm_head.weight is embed and embed.t().is_contiguous()
+    else:  # an untied head is copied into the layout of its shape (V > H: column-major)
+        assert lean.lm_head.weight.t().is_contiguous()
+    assert torch.equal(embed, hf_model.model.embed_tokens.weight)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantised_weights_are_within_half_a_step_of_the_original(kind: str) -> None:
     torch.manual_seed(2)
