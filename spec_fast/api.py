@@ -191,10 +191,15 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
             hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
                                              gguf_file=source.gguf_file, notify=notify)
             model = hf_model
-            if settings.lean:
-                from spec_fast.models import lean_model
+            from spec_fast.lean import supports
+            from spec_fast.models import lean_model
 
+            if settings.lean:
                 model = lean_model(hf_model, settings.quantize if settings.quantize != "none" else "float32")
+            elif cached is None and settings.dtype == "float32" and _needs_no_hf_modules(settings) \
+                    and supports(hf_model) is None:
+                # the run that fills the model cache decodes with the forward later runs read from it
+                model = lean_model(hf_model, "float32")
         _LOADED.append(_Loaded(key, model, tokenizer, {}, hf_model))
     loaded = _LOADED[0]
     decoder_key = (settings.draft, settings.dual, settings.strategy)

@@ -115,7 +115,8 @@ def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, dev
     """``(LeanLlama, tokenizer)`` read without transformers from the float32 model-cache entry of a local
     GGUF model (default: SmolLM2-135M-Instruct), or None where there is no such entry or
     :func:`spec_fast.lean.load.entry_supported` refuses it (then use :func:`load_model`). Its logits equal
-    those of ``load_model(name_or_path, gguf_file=gguf_file)``'s model bit for bit."""
+    those of the LeanLlama built from ``load_model(name_or_path, gguf_file=gguf_file)``'s model bit for bit
+    (and HF's within float32 rounding)."""
     from spec_fast.settings import resolve_model_source
 
     source = resolve_model_source(name_or_path, gguf_file)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
+from spec_fast.lean import native
 from spec_fast.lean.quant import KINDS, LeanLinear, column_major
 
 __all__ = ["LeanLlama", "LeanOutput", "SUPPORTED_MODEL_TYPES", "supports"]
@@ -230,7 +231,9 @@ class LeanLlama(nn.Module):
         head = model.get_output_embeddings().weight
         tied = head is hf.embed_tokens.weight
         embed_weight = hf.embed_tokens.weight.detach().float()
-        if tied and head_kind == "float32":  # the float32 LM head reads the embedding: store it for the head
+        if tied and head_kind == "float32" and not (embed_weight.device.type == "cpu" and native.available()):
+            # torch's product reads the head from the embedding itself: store it the way the head wants it
+            # (with the native kernel the head packs its own copy and the embedding stays row-major)
             embed_weight = column_major(embed_weight)
         lean.model.embed_tokens = nn.Embedding(int(embed_weight.shape[0]), int(embed_weight.shape[1]),
                                                _weight=embed_weight, _freeze=True)

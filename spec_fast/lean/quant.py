@@ -10,13 +10,15 @@ activations:
 * ``int4``: asymmetric groups of :data:`INT4_GROUP_SIZE` input channels, ``w ~= (q - 8) * scale + zero`` with
   ``q`` in [0, 15] (``torch._weight_int4pack_mm_for_cpu``; the gpt-fast layout).
 
-``float32`` weights of layers that widen (more outputs than inputs: the fused q/k/v and gate/up products
-and the LM head) are stored column-major, ``W^T`` contiguous behind a ``[N, K]`` view (:func:`column_major`).
-``F.linear`` then reaches BLAS without a transpose, which on this CPU (one thread, oneMKL through torch
-2.13) makes SmolLM2's matrix products over 1, 2 and 3 tokens 1.5x, 1.8x and 1.8x faster in all (the
-widening products 2x), at 1.1-1.2x the cost over 4-8 tokens and no difference for prompts; the narrowing
-products (attention output, down) are faster row-major (``bench/results/lean_layout.md``). Plain decoding
-and the verification passes of the default strategy are all 1-3 tokens wide, so this is the layout kept.
+``float32`` weights on the CPU are packed for the project's own matrix product (:mod:`spec_fast.lean.native`,
+C compiled on first use): every weight is read once per group of up to four rows, so a pass over 2-4
+tokens costs about one over a single token, and every row is computed independently of the others (the
+float32 forward becomes batch-invariant in its linear layers). Where that kernel is not available (no C
+compiler, ``SPEC_FAST_NATIVE=0``, a CUDA device), float32 weights of layers that widen (more outputs than
+inputs: the fused q/k/v and gate/up products and the LM head) are stored column-major, ``W^T`` contiguous
+behind a ``[N, K]`` view (:func:`column_major`), which lets ``F.linear`` reach BLAS without a transpose: on
+this CPU (one thread, oneMKL through torch 2.13) that made SmolLM2's products over 1-3 tokens 1.5-1.8x
+faster than HF's row-major layout. Both are measured side by side in ``bench/results/target_cost.md``.
 
 ``bfloat16`` weights use oneDNN's bfloat16 matrix product, which is *not* batch-invariant on this CPU (a row's
 output changed with the rows beside it, even between runs); they exist to be measured, not for decoding.
@@ -30,8 +32,12 @@ decoding of the quantised model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+
+from spec_fast.lean import native
 
 __all__ = ["KINDS", "INT4_GROUP_SIZE", "LeanLinear", "column_major", "prefers_column_major"]
 
@@ -68,20 +74,33 @@ class LeanLinear(nn.Module):
         self.weight: torch.Tensor = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.scales: torch.Tensor | None
         self.bias: torch.Tensor | None
+        #: float32 weights packed for :func:`spec_fast.lean.native.mm_float32` ``[ceil(N / 64), K, 64]``
+        self.packed: torch.Tensor | None
         self.register_buffer("scales", None)
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("packed", None)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> LeanLinear:
-        """A layer holding ``weight [N, K]`` (and ``bias [N]``) in ``kind``; float32 shares ``weight`` if it is
-        a Parameter (as stored), else copies it into the layout of :func:`prefers_column_major`."""
+        """A layer holding ``weight [N, K]`` (and ``bias [N]``) in ``kind``.
+
+        float32 on the CPU with the native kernel available: packed; a ``weight`` that is a Parameter (a
+        tied embedding, owned elsewhere) is kept as ``.weight`` beside the packed copy, any other weight is
+        packed only. Otherwise float32 shares a Parameter ``weight`` as it is stored, or copies a tensor into
+        the layout of :func:`prefers_column_major`."""
         out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
         layer = cls(in_features, out_features, kind, bias=bias is not None)
         if bias is not None:
             layer.bias = bias.detach().float().clone()
         w = weight.detach().float()
         if kind == "float32":
-            if isinstance(weight, nn.Parameter):  # shared (a tied embedding): its owner chose the layout
+            shared = isinstance(weight, nn.Parameter)
+            if w.device.type == "cpu" and native.available():
+                layer.packed = native.pack_float32(w)
+                if not shared:
+                    del layer.weight  # read back through __getattr__ (unpacked) where anything asks
+                    return layer
+            if shared:
                 layer.weight = weight
             else:
                 layout = column_major(w) if prefers_column_major(out_features, in_features) else w
@@ -101,10 +120,19 @@ class LeanLinear(nn.Module):
             layer.register_buffer("scales", scales_and_zeros)
         return layer
 
+    def __getattr__(self, name: str) -> Any:
+        # a packed-only float32 layer has no stored [N, K] weight; reading ``.weight`` unpacks a copy
+        if name == "weight":
+            packed = self.__dict__["_buffers"].get("packed")
+            if packed is not None:
+                return native.unpack_float32(packed, self.out_features)
+        return super().__getattr__(name)
+
     def dequantized(self) -> torch.Tensor:
         """The weight as float32 ``[N, K]``, as the kernel sees it (tests)."""
         if self.kind in ("float32", "bfloat16"):
-            return self.weight.float()
+            weight: torch.Tensor = self.weight
+            return weight.float()
         eye = torch.eye(self.in_features, dtype=torch.float32)
         # W^T = I W^T: the kernel applied to the identity rows reads the weight back (bfloat16-exact)
         saved, self.bias = self.bias, None
@@ -115,7 +143,14 @@ class LeanLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K]`` float32 -> ``[..., N]`` float32."""
-        if self.kind == "float32":
+        if self.packed is not None:
+            flat = x.reshape(-1, self.in_features)
+            if flat.device.type == "cpu":
+                product = native.mm_float32(flat, self.packed, self.out_features)
+            else:  # moved to another device after packing: the packed layout is read back (slow, exact)
+                product = nn.functional.linear(flat, native.unpack_float32(self.packed, self.out_features))
+            out = product.reshape(*x.shape[:-1], self.out_features)
+        elif self.kind == "float32":
             out = nn.functional.linear(x, self.weight)
         elif self.kind == "bfloat16":
             out = nn.functional.linear(x.to(torch.bfloat16), self.weight).float()

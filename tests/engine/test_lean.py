@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from spec_fast.drafts.model import EarlyExitDrafter, early_exit_model
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.kv_cache import TreeKVCache
-from spec_fast.lean import KINDS, LeanLinear, LeanLlama
+from spec_fast.lean import KINDS, LeanLinear, LeanLlama, native
 from spec_fast.models import LEAN_WEIGHTS, load_model
 from spec_fast.strategies import SAMPLING_VERIFIERS, parse_strategy
 from tests.engine.models import hf_greedy, tiny_gpt2, tiny_llama
@@ -159,25 +160,50 @@ def test_quantised_kernels_compute_each_row_independently_of_the_batch(kind: str
             assert torch.equal(layer(x[1, :rows])[i], full[1, i]), (kind, rows, i)
 
 
-def test_float32_widening_weights_are_stored_column_major_and_compute_the_same_product() -> None:
+def test_without_the_native_kernel_widening_float32_weights_are_column_major() -> None:
     torch.manual_seed(4)
-    for shape, column in (((96, 64), True), ((64, 96), False), ((64, 64), False)):
-        weight = torch.randn(*shape)
-        layer = LeanLinear.from_weight(weight, None, "float32")
-        assert layer.weight.shape == weight.shape and torch.equal(layer.weight, weight)
-        assert layer.weight.t().is_contiguous() == column and layer.weight.is_contiguous() == (not column)
-        x = torch.randn(2, 3, shape[1])
-        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    with native.disabled():
+        for shape, column in (((96, 64), True), ((64, 96), False), ((64, 64), False)):
+            weight = torch.randn(*shape)
+            layer = LeanLinear.from_weight(weight, None, "float32")
+            assert layer.packed is None and layer.weight.shape == weight.shape and torch.equal(layer.weight, weight)
+            assert layer.weight.t().is_contiguous() == column and layer.weight.is_contiguous() == (not column)
+            x = torch.randn(2, 3, shape[1])
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-def test_a_tied_float32_head_shares_the_column_major_embedding(hf_model: Any) -> None:
-    lean = LeanLlama.from_hf(hf_model)
-    embed = lean.model.embed_tokens.weight
-    if hf_model.config.tie_word_embeddings:
-        assert lean.lm_head.weight is embed and embed.t().is_contiguous()
-    else:  # an untied head is copied into the layout of its shape (V > H: column-major)
-        assert lean.lm_head.weight.t().is_contiguous()
-    assert torch.equal(embed, hf_model.model.embed_tokens.weight)
+@pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (64, 16), (96, 64), (130, 200), (576, 1536)])
+def test_the_native_float32_product_is_the_product_and_each_row_ignores_the_others(shape: tuple[int, int]) -> None:
+    torch.manual_seed(5)
+    weight = torch.randn(*shape)
+    layer = LeanLinear.from_weight(weight, torch.randn(shape[0]), "float32")
+    assert layer.packed is not None and torch.equal(layer.weight, weight)  # .weight reads the packing back
+    x = torch.randn(11, shape[1])
+    full = layer(x)
+    torch.testing.assert_close(full, x @ weight.t() + layer.bias, rtol=1e-5, atol=1e-4 * shape[1] ** 0.5)
+    for start in range(11):
+        for stop in range(start + 1, 12):  # every contiguous group of rows, so every position in a group of 4
+            assert torch.equal(layer(x[start:stop]), full[start:stop]), (start, stop)
+    strided = torch.randn(11, 2 * shape[1])[:, ::2]  # a non-contiguous input gives the same rows
+    assert torch.equal(layer(strided), layer(strided.contiguous()))
+
+
+def test_a_tied_float32_head_shares_the_embedding(hf_model: Any) -> None:
+    for use_native in (True, False):
+        if use_native and not native.available():
+            continue
+        with contextlib.nullcontext() if use_native else native.disabled():
+            lean = LeanLlama.from_hf(hf_model)
+        embed = lean.model.embed_tokens.weight
+        head = lean.lm_head
+        if hf_model.config.tie_word_embeddings:
+            assert head.weight is embed
+        assert (head.packed is not None) == use_native
+        if not use_native:  # torch's product: the head's weight is stored column-major
+            assert head.weight.t().is_contiguous()
+        assert torch.equal(embed, hf_model.model.embed_tokens.weight)
+        assert torch.equal(head.dequantized(), hf_model.get_output_embeddings().weight)
 
 
 @pytest.mark.parametrize("kind", KINDS)

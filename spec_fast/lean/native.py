@@ -1,0 +1,154 @@
+"""The lean forward's own CPU matrix product (``kernels.c``), built once with the machine's C compiler.
+
+``kernels.c`` multiplies activations by a float32 weight packed in column blocks of 64 outputs (its header
+says how and why): every weight is read once per group of up to four rows, so a pass over 2-4 tokens costs
+about what a pass over one costs, and each output row is computed the same way whatever the other rows
+are (batch-invariant). It is compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native``
+into the cache directory of :mod:`spec_fast.cache` (``kernels/<key>/``; the key covers the source, the
+compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
+extension build, about a second of compilation.
+
+Where no compiler is found, the build fails, or ``SPEC_FAST_NATIVE=0`` is set, :func:`available` is False
+and the lean forward keeps torch's matrix products (same results up to float32 rounding).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["BLOCK", "available", "disabled", "mm_float32", "pack_float32", "unpack_float32"]
+
+#: output columns per packed block (``BLOCK`` in kernels.c)
+BLOCK = 64
+_VERSION = 1
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
+_LOCK = threading.Lock()
+_STATE: dict[str, ctypes.CDLL | None] = {}
+
+
+def available() -> bool:
+    """Whether the native kernels can be used here (built and loaded on the first call)."""
+    return _library() is not None
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, :func:`available` is False: models built there keep torch's products (for the
+    benchmarks and tests that compare both; not thread-safe)."""
+    lib = _library()
+    _STATE["lib"] = None
+    try:
+        yield
+    finally:
+        _STATE["lib"] = lib
+
+
+def _library() -> ctypes.CDLL | None:
+    if "lib" in _STATE:
+        return _STATE["lib"]
+    with _LOCK:
+        if "lib" not in _STATE:
+            _STATE["lib"] = _load() if os.environ.get("SPEC_FAST_NATIVE", "1") != "0" else None
+    return _STATE["lib"]
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: the architecture and the CPU's feature flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            flags = next((line for line in handle if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.system()} {flags.strip()}"
+
+
+def _load() -> ctypes.CDLL | None:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    with open(_SOURCE, "rb") as handle:
+        source = handle.read()
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    key = hashlib.sha256(source + version.encode() + _cpu_identity().encode()).hexdigest()[:16]
+    from spec_fast.cache import cache_root
+
+    folder = os.path.join(cache_root(), "kernels", key)
+    path = os.path.join(folder, "libspec_fast_kernels.so")
+    if not os.path.isfile(path) and not _build(compiler, folder, path):
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.spec_fast_kernels_version.restype = ctypes.c_int64
+        if lib.spec_fast_kernels_version() != _VERSION:
+            return None
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64]
+        lib.spec_fast_mm_f32.restype = None
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def _build(compiler: str, folder: str, path: str) -> bool:
+    """Compile ``kernels.c`` into ``path`` (written under a temporary name, then renamed)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, staging = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(handle)
+        done = subprocess.run([compiler, "-O3", "-march=native", "-std=c11", "-shared", "-fPIC", _SOURCE,
+                               "-o", staging], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            print(f"spec-fast: native kernels not built ({done.stderr.strip().splitlines()[-1:]}); "
+                  "using torch's matrix products", file=sys.stderr)
+            os.unlink(staging)
+            return False
+        os.replace(staging, path)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def pack_float32(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [N, K]`` -> the packed layout ``[ceil(N / 64), K, 64]`` float32 (zeros beyond ``N``)."""
+    out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
+    blocks = -(-out_features // BLOCK)
+    padded = torch.zeros(blocks * BLOCK, in_features, dtype=torch.float32)
+    padded[:out_features] = weight.detach().float()
+    return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()
+
+
+def unpack_float32(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The ``[N, K]`` weight of a packed layout (:func:`pack_float32`)."""
+    blocks, in_features, _ = packed.shape
+    return packed.transpose(1, 2).reshape(int(blocks) * BLOCK, int(in_features))[:out_features]
+
+
+def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x [M, K]`` float32 on the CPU times the packed weight's transpose -> ``[M, N]`` float32.
+
+    Only for float32 CPU tensors with :func:`available` True (the caller checks)."""
+    lib = _library()
+    assert lib is not None
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, in_features = int(x.shape[0]), int(x.shape[1])
+    out = torch.empty(rows, out_features, dtype=torch.float32)
+    lib.spec_fast_mm_f32(x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features, in_features,
+                         packed.data_ptr(), out_features, out.data_ptr(), out_features)
+    return out
