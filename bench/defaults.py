@@ -3,9 +3,11 @@
 Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec_fast.drafts.prompts``, never
 in the retrieval datastore), ``input-grounded`` (summarise, rewrite, extract or continue a passage given in
 the prompt), ``long`` (a ~600-token document followed by a question about it). Configurations: plain
-decoding (``ar``) and the default ``retrieval`` draft with ``chain:1``, ``chain:2`` and ``chain:2+adaptive``.
+decoding (``ar``) and the default ``retrieval`` draft with ``chain:1`` to ``chain:4``, ``chain:2+adaptive`` and
+``chain:3+adaptive``, on the target as ``spec-fast generate`` runs it (the lean forward; ``--quantize gguf``
+for the GGUF file's own blocks).
 Each prompt gets fresh decoders, as one ``spec-fast generate`` process does (so ``+adaptive`` learns within
-the reply only). The configurations run prompt by prompt in the order A B C D D C B A, so that a slow
+the reply only). The configurations run prompt by prompt in the order A B C ... C B A, so that a slow
 phase of the shared machine hits all of them alike; a configuration's speedup on a prompt is its tokens/s
 over both runs divided by that of ``ar`` on the same prompt, and a workload's speedup is the median over
 its prompts (the pooled ratio, total tokens / total seconds, is also recorded). Greedy outputs are checked
@@ -31,7 +33,7 @@ from bench._git import git_commit  # noqa: E402
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
-from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
+from spec_fast.models import chat_prompt_ids, lean_model, load_cached_lean, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
 from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 
@@ -62,7 +64,19 @@ LONG = (
     f"{LONG_DOCUMENT}\n\nQuestion: how many books were lent in the first six months, and to whom?",
     f"{LONG_DOCUMENT}\n\nQuestion: what other uses were proposed for the station?",
 )
-CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:2+adaptive")
+CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:3", "chain:4", "chain:2+adaptive", "chain:3+adaptive")
+
+
+def cli_target(quantize: str) -> tuple[Any, Any]:
+    """The default model as ``spec-fast generate`` runs it with a retrieval draft: the lean forward (float32
+    from the model cache, or the GGUF file's own blocks with ``quantize="gguf"``)."""
+    if quantize == "gguf":
+        return load_model(quantize="gguf")
+    cached = load_cached_lean(None)
+    if cached is not None:
+        return cached
+    hf_model, tokenizer = load_model()
+    return lean_model(hf_model), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--draft", default="retrieval")
+    parser.add_argument("--quantize", default="none", choices=["none", "gguf"],
+                        help="the target's weights as spec-fast generate --quantize takes them")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model()
+    model, tokenizer = cli_target(args.quantize)
     eos = tokenizer.eos_token_id
     workloads = {"chat": HELDOUT_PROMPTS[: args.prompts], "input-grounded": INPUT_GROUNDED[: args.prompts],
                  "long": LONG[: args.prompts]}
@@ -125,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": f"{torch.__version__}, {args.threads} thread(s)",
-        "workload": f"SmolLM2-135M-Instruct float32, greedy, draft {args.draft}, {args.prompts} prompts per "
+        "workload": f"SmolLM2-135M-Instruct ({'the GGUF blocks' if args.quantize == 'gguf' else 'float32'}, "
+                    f"lean forward as the CLI runs it), greedy, draft {args.draft}, {args.prompts} prompts per "
                     f"workload x {args.max_new_tokens} new tokens (EOS ends a reply early)",
         "greedy outputs identical to ar": identical,
         "load average": f"{min(loads):.1f}-{max(loads):.1f} (1-minute, at the start of each prompt, {os.cpu_count()} CPUs)",
         "worst median speedup over the workloads": ", ".join(f"{k} {v:.2f}x" for k, v in worst.items()),
         "caveat": "short run on a 2-core machine shared with other jobs: absolute rates are noisy, read the "
-                  "ratios (configurations interleaved A B C D D C B A on every prompt)",
+                  "ratios (configurations interleaved A B C ... C B A on every prompt)",
     }
     table = ["| workload | configuration | tokens/s | speedup vs ar (median of prompts) | per prompt | pooled | "
              "block efficiency | prompt tokens (mean) |", "|---|---|---|---|---|---|---|---|"]

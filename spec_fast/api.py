@@ -184,7 +184,11 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
         if settings.dtype == "float32" and settings.quantize == "none" and _needs_no_hf_modules(settings):
             # the model cache read without transformers: the same logits, seconds sooner
             cached = load_cached_lean(source.path, source.gguf_file, settings.device)
-        if cached is not None:
+        if settings.quantize == "gguf":  # the file's own blocks, no HF model
+            model, tokenizer = load_model(source.path, device=settings.device, gguf_file=source.gguf_file,
+                                          notify=notify, quantize="gguf")
+            hf_model = None
+        elif cached is not None:
             model, tokenizer = cached
             hf_model = None
         else:

@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the text contains STRING (repeatable); the output ends before it")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=DTYPES)
-    gen.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
-                     help="weight-only quantisation of a Llama-family target (runs the lean forward)")
+    gen.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "gguf"],
+                     help="weights of a Llama-family target (runs the lean forward): int8/int4 re-quantised, "
+                          "gguf = a GGUF file's own Q4_1/Q8_0 blocks as stored")
     gen.add_argument("--lean", action="store_true",
                      help="run a Llama-family target with the lean forward (spec_fast.lean) even unquantised")
     gen.add_argument("--system", default=None, help="optional system message")

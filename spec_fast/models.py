@@ -22,7 +22,7 @@ __all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_mo
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: ``load_model(quantize=...)`` choices (weight-only quantisation of the lean forward)
-QUANTIZE = ("none", "int8", "int4")
+QUANTIZE = ("none", "int8", "int4", "gguf")
 #: weight formats of the lean forward that keep greedy speculative output identical to plain decoding
 LEAN_WEIGHTS = ("float32", "int8", "int4")
 
@@ -69,18 +69,49 @@ def load_model(
     before that slow first load and when the cache cannot be written.
 
     ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32);
-    ``quantize="int8" | "int4"`` (weight-only, implies ``lean``) stores its weights quantised. Other
-    architectures raise ``ValueError``.
+    ``quantize="int8" | "int4"`` (weight-only, implies ``lean``) stores its weights re-quantised;
+    ``quantize="gguf"`` keeps a GGUF file's own Q4_1 / Q8_0 blocks (the file's weights exactly, multiplied by
+    :mod:`spec_fast.lean.native`; :func:`spec_fast.lean.lean_from_gguf`). Other architectures, and ``gguf``
+    for a model that is not a GGUF file, raise ``ValueError``.
     """
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {QUANTIZE}, got quantize={quantize!r}")
     lean = lean or quantize != "none"
     if lean and parse_dtype(dtype) != torch.float32:
         raise ValueError(f"the lean forward runs float32, int8 or int4 weights (quantize=...), got dtype={dtype!r}")
+    if quantize == "gguf":
+        return _load_gguf_blocks(name_or_path, device, gguf_file, use_cache, notify)
     model, tokenizer = _load_hf(name_or_path, dtype, device, gguf_file, use_cache, notify)
     if lean:
         model = lean_model(model, quantize if quantize != "none" else "float32")
     return model, tokenizer
+
+
+def gguf_path(name_or_path: str | None, gguf_file: str | None = None) -> str | None:
+    """The local GGUF file behind a model name (the default model's included), or None for other models."""
+    from spec_fast.settings import resolve_model_source
+
+    source = resolve_model_source(name_or_path, gguf_file)
+    folder, gguf = (default_model_dir(), DEFAULT_GGUF) if source.path is None else (source.path, source.gguf_file)
+    if not gguf or not source.local:
+        return None
+    return os.path.join(folder, gguf)
+
+
+def _load_gguf_blocks(name_or_path: str | None, device: str, gguf_file: str | None, use_cache: bool,
+                      notify: Callable[[str], None] | None) -> tuple[Any, Any]:
+    """``quantize="gguf"``: the lean model of the file's blocks, and the tokenizer of its float32 cache entry
+    (read without transformers once the entry exists; the first load writes it through transformers)."""
+    from spec_fast.lean.gguf import lean_from_gguf
+
+    path = gguf_path(name_or_path, gguf_file)
+    if path is None:
+        raise ValueError(f"quantize='gguf' keeps a GGUF file's quantised blocks; {name_or_path!r} is not a local "
+                         "GGUF model")
+    cached = load_cached_lean(name_or_path, gguf_file, device, model=False) if use_cache else None
+    tokenizer = cached[1] if cached is not None else _load_hf(name_or_path, "float32", "cpu", gguf_file,
+                                                              use_cache, notify)[1]
+    return lean_from_gguf(path, "gguf").to(device), tokenizer
 
 
 def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str | None, use_cache: bool,
@@ -111,12 +142,13 @@ def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str |
     return _from_pretrained(folder, gguf, dtype, device, local=source.local)
 
 
-def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, device: str = "cpu") -> tuple[Any, Any] | None:
+def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, device: str = "cpu",
+                     model: bool = True) -> tuple[Any, Any] | None:
     """``(LeanLlama, tokenizer)`` read without transformers from the float32 model-cache entry of a local
     GGUF model (default: SmolLM2-135M-Instruct), or None where there is no such entry or
     :func:`spec_fast.lean.load.entry_supported` refuses it (then use :func:`load_model`). Its logits equal
     those of the LeanLlama built from ``load_model(name_or_path, gguf_file=gguf_file)``'s model bit for bit
-    (and HF's within float32 rounding)."""
+    (and HF's within float32 rounding). ``model=False`` reads the tokenizer only (``(None, tokenizer)``)."""
     from spec_fast.settings import resolve_model_source
 
     source = resolve_model_source(name_or_path, gguf_file)
@@ -129,6 +161,10 @@ def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, dev
     entry = gguf_cache_dir(os.path.join(folder, gguf), "float32")
     if not os.path.isdir(entry) or entry_supported(entry) is not None:
         return None
+    if not model:  # the tokenizer alone (model None)
+        from spec_fast.lean.load import EntryTokenizer
+
+        return None, EntryTokenizer(entry)
     return load_entry(entry, device)
 
 

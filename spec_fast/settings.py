@@ -45,7 +45,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 #: dual-draft modes (spec_fast.drafts.dual.DUAL_MODES, kept here to avoid importing torch; a test keeps them equal)
 DUAL_MODES = ("merge", "route", "route-calibrated")
 #: weight-only quantisation of the lean forward (spec_fast.models.QUANTIZE, kept here to avoid importing torch)
-QUANTIZE = ("none", "int8", "int4")
+QUANTIZE = ("none", "int8", "int4", "gguf")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
@@ -226,6 +226,9 @@ def resolve_settings(
         raise SettingError("system", f"must be a string, got {system!r}")
 
     target = resolve_model_source(model, gguf_file, "model")
+    if quantize == "gguf" and not (target.path is None or (target.gguf_file and target.local)):
+        raise SettingError("quantize", "gguf keeps a local GGUF file's quantised blocks; the model is not one "
+                                       "(--model file.gguf, or a folder with --gguf-file)")
     draft_name = draft if draft is not None else (DEFAULT_DRAFT if target.path is None else DEFAULT_CUSTOM_DRAFT)
     if not isinstance(draft_name, str) or not draft_name:
         raise SettingError("draft", f"must be a draft name, early-exit:N, none or a model, got {draft!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,45 @@ import torch
 
 from spec_fast.lean.model import LeanLlama
 
-__all__ = ["lean_from_gguf", "read_gguf_llama", "gguf_llama_config", "unpermute_rotary_rows"]
+__all__ = ["BlockWeight", "lean_from_gguf", "read_gguf_llama", "gguf_llama_config", "unpermute_rotary_rows"]
+
+#: GGUF tensor types whose blocks the native kernels multiply as stored (spec_fast.lean.native.BLOCK_KINDS)
+_BLOCK_TYPES = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A GGUF block-quantised weight as stored: ``w[n, k] = scales[n, k // 32] * values[n, k] + offsets[n, k //
+    32]`` (``kind`` ``"q4_1"``: values uint8 in 0..15 with offsets; ``"q8_0"``: values int8, no offsets)."""
+
+    kind: str
+    values: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+
+    def rows(self, order: np.ndarray) -> BlockWeight:
+        """The same weight with its output rows in ``order``."""
+        index = torch.from_numpy(order)
+        return BlockWeight(self.kind, self.values[index], self.scales[index],
+                           None if self.offsets is None else self.offsets[index])
+
+
+def read_blocks(data: np.ndarray, type_name: str) -> BlockWeight:
+    """The blocks of a GGUF ``Q4_1`` or ``Q8_0`` tensor (``data``: its raw bytes ``[rows, bytes per row]``).
+
+    Q4_1 blocks are 20 bytes per 32 values (fp16 d, fp16 m, 16 bytes: value j in the low nibble of byte j,
+    value j + 16 in its high nibble); Q8_0 blocks 34 bytes (fp16 d, 32 int8 values)."""
+    kind = _BLOCK_TYPES[type_name]
+    rows = int(data.shape[0])
+    raw = np.ascontiguousarray(data).reshape(rows, -1, 20 if kind == "q4_1" else 34)
+    scales = raw[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    if kind == "q4_1":
+        offsets = torch.from_numpy(raw[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32))
+        packed = raw[:, :, 4:]
+        values = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(rows, -1)
+        return BlockWeight(kind, torch.from_numpy(values), torch.from_numpy(scales), offsets)
+    values = raw[:, :, 2:].copy().view(np.int8).reshape(rows, -1)
+    return BlockWeight(kind, torch.from_numpy(values), torch.from_numpy(scales), None)
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -91,21 +130,24 @@ class _Stand(SimpleNamespace):
         yield self.model.embed_tokens.weight
 
 
-def _linear(weight: torch.Tensor) -> SimpleNamespace:
-    return SimpleNamespace(weight=weight, bias=None)
+def _linear(weight: torch.Tensor | None, blocks: BlockWeight | None = None) -> SimpleNamespace:
+    return SimpleNamespace(weight=weight, bias=None, blocks=blocks)
 
 
 @torch.no_grad()
 def lean_from_gguf(path: str, weights: str = "float32", head_weights: str | None = None) -> LeanLlama:
-    """The :class:`LeanLlama` of the Llama-architecture GGUF file ``path`` (weights de-quantised to float32,
-    then stored as ``weights``; ``head_weights`` as in :meth:`LeanLlama.from_hf`)."""
-    return LeanLlama.from_hf(read_gguf_llama(path), weights, head_weights)
+    """The :class:`LeanLlama` of the Llama-architecture GGUF file ``path``: weights de-quantised to float32,
+    then stored as ``weights`` (``head_weights`` as in :meth:`LeanLlama.from_hf`); ``weights="gguf"`` keeps
+    the file's Q4_1 and Q8_0 blocks as they are (:meth:`LeanLinear.from_blocks`) and de-quantises the rest."""
+    return LeanLlama.from_hf(read_gguf_llama(path, keep_blocks=weights == "gguf"), weights, head_weights)
 
 
-def read_gguf_llama(path: str) -> Any:
-    """The de-quantised float32 tensors of a Llama GGUF file in HF's attribute layout (``config``,
-    ``model.embed_tokens.weight``, ``model.layers[i].self_attn.q_proj.weight``, ..., ``lm_head.weight``,
-    ``get_output_embeddings()``): what :meth:`LeanLlama.from_hf` reads."""
+def read_gguf_llama(path: str, keep_blocks: bool = False) -> Any:
+    """The tensors of a Llama GGUF file in HF's attribute layout (``config``, ``model.embed_tokens.weight``,
+    ``model.layers[i].self_attn.q_proj.weight``, ..., ``lm_head.weight``, ``get_output_embeddings()``): what
+    :meth:`LeanLlama.from_hf` reads, de-quantised to float32. With ``keep_blocks`` each linear layer stored
+    as Q4_1 or Q8_0 also carries its :class:`BlockWeight` (``.blocks``) and no de-quantised weight (the
+    embedding is de-quantised anyway: lookups read it)."""
     from gguf import GGUFReader, dequantize
 
     if not os.path.isfile(path):
@@ -114,12 +156,19 @@ def read_gguf_llama(path: str) -> Any:
     config = gguf_llama_config(reader)
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     tensors: dict[str, torch.Tensor] = {}
+    blocks: dict[str, BlockWeight] = {}
     for tensor in reader.tensors:
+        heads_of = heads if ".attn_q." in tensor.name else kv_heads if ".attn_k." in tensor.name else 0
+        if keep_blocks and tensor.tensor_type.name in _BLOCK_TYPES:
+            block = read_blocks(np.asarray(tensor.data), tensor.tensor_type.name)
+            if heads_of:
+                block = block.rows(unpermute_rotary_rows(np.arange(int(tensor.data.shape[0])), heads_of))
+            blocks[tensor.name] = block
+            if tensor.name != "token_embd.weight":
+                continue
         array = dequantize(tensor.data, tensor.tensor_type)
-        if ".attn_q." in tensor.name:
-            array = unpermute_rotary_rows(array, heads)
-        elif ".attn_k." in tensor.name:
-            array = unpermute_rotary_rows(array, kv_heads)
+        if heads_of:
+            array = unpermute_rotary_rows(array, heads_of)
         tensors[tensor.name] = torch.from_numpy(np.copy(array)).float()
 
     def take(name: str) -> torch.Tensor:
@@ -127,24 +176,29 @@ def read_gguf_llama(path: str) -> Any:
             raise ValueError(f"GGUF file {path!r} has no tensor {name!r}")
         return tensors[name]
 
+    def linear(name: str) -> SimpleNamespace:
+        if name in blocks:
+            return _linear(None, blocks[name])
+        return _linear(take(name))
+
     eps = float(config.rms_norm_eps)
     layers = []
     for i in range(int(config.num_hidden_layers)):
         prefix = f"blk.{i}."
         layers.append(SimpleNamespace(
-            self_attn=SimpleNamespace(q_proj=_linear(take(prefix + "attn_q.weight")),
-                                      k_proj=_linear(take(prefix + "attn_k.weight")),
-                                      v_proj=_linear(take(prefix + "attn_v.weight")),
-                                      o_proj=_linear(take(prefix + "attn_output.weight"))),
-            mlp=SimpleNamespace(gate_proj=_linear(take(prefix + "ffn_gate.weight")),
-                                up_proj=_linear(take(prefix + "ffn_up.weight")),
-                                down_proj=_linear(take(prefix + "ffn_down.weight"))),
+            self_attn=SimpleNamespace(q_proj=linear(prefix + "attn_q.weight"),
+                                      k_proj=linear(prefix + "attn_k.weight"),
+                                      v_proj=linear(prefix + "attn_v.weight"),
+                                      o_proj=linear(prefix + "attn_output.weight")),
+            mlp=SimpleNamespace(gate_proj=linear(prefix + "ffn_gate.weight"),
+                                up_proj=linear(prefix + "ffn_up.weight"),
+                                down_proj=linear(prefix + "ffn_down.weight")),
             input_layernorm=SimpleNamespace(weight=take(prefix + "attn_norm.weight"), variance_epsilon=eps),
             post_attention_layernorm=SimpleNamespace(weight=take(prefix + "ffn_norm.weight"), variance_epsilon=eps),
         ))
-    embed = SimpleNamespace(weight=take("token_embd.weight"))
+    embed = SimpleNamespace(weight=take("token_embd.weight"), blocks=blocks.get("token_embd.weight"))
     body = SimpleNamespace(embed_tokens=embed, layers=layers,
                            norm=SimpleNamespace(weight=take("output_norm.weight"), variance_epsilon=eps),
                            rotary_emb=SimpleNamespace(inv_freq=_rope_inv_freq(config), attention_scaling=1.0))
-    head = embed if config.tie_word_embeddings else _linear(take("output.weight"))
+    head = embed if config.tie_word_embeddings else linear("output.weight")
     return _Stand(config=config, model=body, lm_head=head, generation_config=None)

@@ -26,9 +26,13 @@ from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
 from spec_fast.lean import native
-from spec_fast.lean.quant import KINDS, LeanLinear, column_major
+from spec_fast.lean.quant import KINDS, LeanLinear, column_major, dequantize_blocks
 
-__all__ = ["LeanLlama", "LeanOutput", "SUPPORTED_MODEL_TYPES", "supports"]
+__all__ = ["LeanLlama", "LeanOutput", "MODEL_WEIGHTS", "SUPPORTED_MODEL_TYPES", "supports"]
+
+#: the ``weights`` of :meth:`LeanLlama.from_hf`: a kind of every layer, or ``"gguf"`` (a GGUF file's blocks as
+#: stored, read by :func:`spec_fast.lean.gguf.read_gguf_llama` with ``keep_blocks=True``)
+MODEL_WEIGHTS = (*KINDS, "gguf")
 
 #: HF ``config.model_type`` values whose decoder LeanLlama reproduces
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -192,8 +196,11 @@ class LeanLlama(nn.Module):
     and then a near-tie argmax: measured on SmolLM2 int8, greedy speculative output left plain decoding's
     within 20-60 tokens on 4 of 6 prompts. Attention therefore runs in float64 for these formats (KV cache
     included): a float64 difference in the last bit survives the rounding to float32 only with probability
-    about 1e-9 per value, so verification reproduces plain decoding's logits. float32 weights keep HF's
-    float32 attention (float32 matrix products are not batch-invariant anyway, as in HF).
+    about 1e-9 per value, so verification reproduces plain decoding's logits. The same holds for float32
+    and GGUF-block weights multiplied by the native kernel (:mod:`spec_fast.lean.native`, batch-invariant):
+    attention runs in float64 there too, so the whole forward gives a token the same logits whatever shares
+    its pass. Float32 weights on torch's products keep HF's float32 attention (those products are not
+    batch-invariant anyway, as in HF).
     """
 
     def __init__(self, config: Any) -> None:
@@ -216,14 +223,18 @@ class LeanLlama(nn.Module):
             head_weights: the LM head's format; default ``weights``, except int4 layers keep an int8
                 head (the head is the single largest matrix and the most sensitive to 4-bit error).
         """
-        if weights not in KINDS:
-            raise ValueError(f"weights must be one of {KINDS}, got weights={weights!r}")
+        if weights not in MODEL_WEIGHTS:
+            raise ValueError(f"weights must be one of {MODEL_WEIGHTS}, got weights={weights!r}")
         reason = supports(model)
         if reason is not None:
             raise ValueError(reason)
         head_kind = head_weights or ("int8" if weights == "int4" else weights)
-        if head_kind not in KINDS:
-            raise ValueError(f"head_weights must be one of {KINDS}, got head_weights={head_weights!r}")
+        if head_kind not in MODEL_WEIGHTS:
+            raise ValueError(f"head_weights must be one of {MODEL_WEIGHTS}, got head_weights={head_weights!r}")
+        if weights == "gguf" and not any(getattr(linear, "blocks", None) is not None
+                                         for linear in _linears(model)):
+            raise ValueError("weights='gguf' keeps a GGUF file's quantised blocks; this model holds none "
+                             "(read it with spec_fast.lean.lean_from_gguf(path, 'gguf'))")
         config = copy.deepcopy(model.config)
         with torch.device("meta"):
             lean = cls(config)
@@ -244,23 +255,31 @@ class LeanLlama(nn.Module):
         for index, block in enumerate(hf.layers):
             layer: Any = lean.model.layers[index]
             attn = block.self_attn
-            qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)
             qkv_bias = None
             if attn.q_proj.bias is not None:
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias], dim=0)
-            layer.self_attn.qkv_proj = LeanLinear.from_weight(qkv_weight.float(), qkv_bias, weights)
-            layer.self_attn.o_proj = LeanLinear.from_weight(attn.o_proj.weight.float(), attn.o_proj.bias, weights)
+            layer.self_attn.qkv_proj = _stacked([attn.q_proj, attn.k_proj, attn.v_proj], qkv_bias, weights)
+            layer.self_attn.o_proj = _stacked([attn.o_proj], attn.o_proj.bias, weights)
             mlp = block.mlp
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0).float()
-            layer.mlp.gate_up_proj = LeanLinear.from_weight(gate_up, None, weights)
-            layer.mlp.down_proj = LeanLinear.from_weight(mlp.down_proj.weight.float(), None, weights)
+            layer.mlp.gate_up_proj = _stacked([mlp.gate_proj, mlp.up_proj], None, weights)
+            layer.mlp.down_proj = _stacked([mlp.down_proj], None, weights)
             layer.input_layernorm = _norm(block.input_layernorm)
             layer.post_attention_layernorm = _norm(block.post_attention_layernorm)
-        if tied and head_kind == "float32":
+        head_module = model.get_output_embeddings()
+        if head_kind == "gguf" and getattr(head_module, "blocks", None) is not None:
+            blocks = head_module.blocks
+            lean.lm_head = LeanLinear.from_blocks(blocks.kind, blocks.values, blocks.scales, blocks.offsets)
+            embedding = lean.model.embed_tokens.weight
+            if tied and isinstance(embedding, nn.Parameter):
+                # the engine and the drafters read the vocabulary size from the head's weight: the embedding
+                # holds the same values, so that costs no de-quantisation of the head
+                lean.lm_head.expose_weight(embedding)
+        elif tied and head_kind in ("float32", "gguf"):
             lean.lm_head = LeanLinear.from_weight(lean.model.embed_tokens.weight, None, "float32")
         else:
             lean.lm_head = LeanLinear.from_weight(head.detach().float(), None, head_kind)
-        if weights != "float32":
+        native_products = any(isinstance(m, LeanLinear) and m.packed is not None for m in lean.modules())
+        if weights != "float32" or native_products:
             for layer in lean.model.layers:
                 layer.self_attn.attention_dtype = torch.float64
         lean.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
@@ -328,6 +347,31 @@ class LeanLlama(nn.Module):
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
+
+
+def _linears(model: Any) -> list[Any]:
+    """Every linear layer of an HF-layout model (or stand-in), the LM head included."""
+    out = [model.get_output_embeddings()]
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return out
+
+
+def _stacked(linears: list[Any], bias: torch.Tensor | None, weights: str) -> LeanLinear:
+    """One :class:`LeanLinear` for HF linear layers stacked along their outputs (fused q/k/v, gate/up).
+
+    ``weights="gguf"`` keeps blocks the file stores (all of one kind) as they are and de-quantises the rest."""
+    blocks: list[Any] = [getattr(linear, "blocks", None) for linear in linears]
+    if weights == "gguf":
+        if all(b is not None for b in blocks) and len({b.kind for b in blocks}) == 1:
+            offsets = None if blocks[0].offsets is None else torch.cat([b.offsets for b in blocks], dim=0)
+            return LeanLinear.from_blocks(blocks[0].kind, torch.cat([b.values for b in blocks], dim=0),
+                                          torch.cat([b.scales for b in blocks], dim=0), offsets, bias)
+        weights = "float32"
+    parts = [linear.weight.detach().float() if linear.weight is not None else dequantize_blocks(block)
+             for linear, block in zip(linears, blocks)]
+    return LeanLinear.from_weight(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), bias, weights)
 
 
 def _norm(hf_norm: Any) -> RMSNorm:

@@ -3,7 +3,7 @@
 ``kernels.c`` multiplies activations by a float32 weight packed in column blocks of 64 outputs (its header
 says how and why): every weight is read once per group of up to four rows, so a pass over 2-4 tokens costs
 about what a pass over one costs, and each output row is computed the same way whatever the other rows
-are (batch-invariant). It is compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native``
+are (batch-invariant). It is compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native -ffp-contract=fast``
 into the cache directory of :mod:`spec_fast.cache` (``kernels/<key>/``; the key covers the source, the
 compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
 extension build, about a second of compilation.
@@ -28,11 +28,18 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["BLOCK", "available", "disabled", "mm_float32", "pack_float32", "unpack_float32"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "available", "disabled", "mm_blocks", "mm_float32", "pack_blocks",
+           "pack_float32", "unpack_blocks", "unpack_float32"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
-_VERSION = 1
+#: inputs per quantisation group of the block kinds (``GROUP`` in kernels.c; GGUF's block size)
+GROUP = 32
+#: GGUF's block-quantised formats the kernels read, and their code in kernels.c
+BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
+_VERSION = 3
+#: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
 _LOCK = threading.Lock()
 _STATE: dict[str, ctypes.CDLL | None] = {}
@@ -85,7 +92,7 @@ def _load() -> ctypes.CDLL | None:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    key = hashlib.sha256(source + version.encode() + _cpu_identity().encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + version.encode() + " ".join(_FLAGS).encode() + _cpu_identity().encode()).hexdigest()[:16]
     from spec_fast.cache import cache_root
 
     folder = os.path.join(cache_root(), "kernels", key)
@@ -100,6 +107,8 @@ def _load() -> ctypes.CDLL | None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64]
         lib.spec_fast_mm_f32.restype = None
+        lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64]
+        lib.spec_fast_mm_blocks.restype = None
     except (OSError, AttributeError):
         return None
     return lib
@@ -111,8 +120,8 @@ def _build(compiler: str, folder: str, path: str) -> bool:
         os.makedirs(folder, exist_ok=True)
         handle, staging = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
-        done = subprocess.run([compiler, "-O3", "-march=native", "-std=c11", "-shared", "-fPIC", _SOURCE,
-                               "-o", staging], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([compiler, *_FLAGS, _SOURCE, "-o", staging], capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             print(f"spec-fast: native kernels not built ({done.stderr.strip().splitlines()[-1:]}); "
                   "using torch's matrix products", file=sys.stderr)
@@ -151,4 +160,76 @@ def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torc
     out = torch.empty(rows, out_features, dtype=torch.float32)
     lib.spec_fast_mm_f32(x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features, in_features,
                          packed.data_ptr(), out_features, out.data_ptr(), out_features)
+    return out
+
+
+def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """A block-quantised weight ``w[n, k] = scales[n, k // 32] * values[n, k] + offsets[n, k // 32]`` in the
+    layout of kernels.c: uint8 ``[ceil(N / 64), K / 32, bytes per group]``.
+
+    Args:
+        kind: ``"q4_1"`` (``values`` uint8 in 0..15, ``offsets`` float32 ``[N, K / 32]``) or ``"q8_0"``
+            (``values`` int8, ``offsets`` None).
+        values: ``[N, K]``, K a multiple of 32.
+        scales: ``[N, K / 32]`` float32.
+    """
+    if kind not in BLOCK_KINDS:
+        raise ValueError(f"kind must be one of {sorted(BLOCK_KINDS)}, got kind={kind!r}")
+    out_features, in_features = int(values.shape[0]), int(values.shape[1])
+    if in_features % GROUP:
+        raise ValueError(f"block-quantised weights need K divisible by {GROUP}, got K={in_features}")
+    groups = in_features // GROUP
+    blocks = -(-out_features // BLOCK)
+    padded = blocks * BLOCK
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(padded, *t.shape[1:], dtype=t.dtype)
+        out[:out_features] = t
+        return out
+
+    # [NB, 64 outputs, G, 32 inputs] -> per (block, group): inputs major, outputs minor
+    grid = pad(values).view(blocks, BLOCK, groups, GROUP)
+    scale_bytes = pad(scales.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+    if kind == "q4_1":
+        if offsets is None:
+            raise ValueError("q4_1 needs offsets (GGUF's m), got offsets=None")
+        low, high = grid[:, : BLOCK // 2].to(torch.uint8), grid[:, BLOCK // 2 :].to(torch.uint8)
+        nibbles = (low | (high << 4)).permute(0, 2, 3, 1).reshape(blocks, groups, GROUP * BLOCK // 2)
+        offset_bytes = pad(offsets.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+        parts = [nibbles, scale_bytes.view(torch.uint8), offset_bytes.view(torch.uint8)]
+    else:
+        # stored as q + 128 with offset -128 d (kernels.c: unsigned bytes vectorise well)
+        biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1)
+        offset_bytes = (-128.0 * scale_bytes).contiguous()
+        parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes.view(torch.uint8),
+                 offset_bytes.view(torch.uint8)]
+    return torch.cat([p.reshape(blocks, groups, -1) for p in parts], dim=2).contiguous()
+
+
+def unpack_blocks(kind: str, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight (``scale * value + offset``) of a layout of :func:`pack_blocks`."""
+    blocks, groups, _ = (int(n) for n in packed.shape)
+    if kind == "q4_1":
+        nibbles = packed[:, :, : GROUP * BLOCK // 2].reshape(blocks, groups, GROUP, BLOCK // 2)
+        values = torch.cat([nibbles & 15, nibbles >> 4], dim=3).float()  # [NB, G, 32 k, 64 j]
+        rest = packed[:, :, GROUP * BLOCK // 2 :].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
+        weight = values * rest[:, :, 0].unsqueeze(2) + rest[:, :, 1].unsqueeze(2)
+    else:
+        values = packed[:, :, : GROUP * BLOCK].reshape(blocks, groups, GROUP, BLOCK).to(torch.int16) - 128
+        rest = packed[:, :, GROUP * BLOCK :].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
+        weight = values.float() * rest[:, :, 0].unsqueeze(2)
+    # [NB, G, 32 k, 64 j] -> [NB * 64, G * 32]
+    return weight.permute(0, 3, 1, 2).reshape(blocks * BLOCK, groups * GROUP)[:out_features]
+
+
+def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x [M, K]`` float32 on the CPU times a block-quantised weight's transpose -> ``[M, N]`` float32."""
+    lib = _library()
+    assert lib is not None
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, in_features = int(x.shape[0]), int(x.shape[1])
+    out = torch.empty(rows, out_features, dtype=torch.float32)
+    lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features,
+                            in_features, packed.data_ptr(), out_features, out.data_ptr(), out_features)
     return out

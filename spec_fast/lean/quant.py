@@ -120,17 +120,46 @@ class LeanLinear(nn.Module):
             layer.register_buffer("scales", scales_and_zeros)
         return layer
 
+    @classmethod
+    def from_blocks(cls, kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                    bias: torch.Tensor | None = None) -> LeanLinear:
+        """A layer holding a GGUF block-quantised weight ``w[n, k] = scales[n, k // 32] * values[n, k] +
+        offsets[n, k // 32]`` as it is (``kind`` ``"q4_1"`` or ``"q8_0"``, see
+        :func:`spec_fast.lean.native.pack_blocks`), multiplied by the native kernel. Without the kernel
+        (no C compiler, ``SPEC_FAST_NATIVE=0``) the weight is de-quantised to float32 instead."""
+        out_features, in_features = int(values.shape[0]), int(values.shape[1])
+        if not native.available():
+            layer = cls.from_weight(_dequantize_blocks(values, scales, offsets), bias, "float32")
+            return layer
+        layer = cls(in_features, out_features, "float32", bias=bias is not None)
+        layer.kind = kind
+        if bias is not None:
+            layer.bias = bias.detach().float().clone()
+        del layer.weight
+        layer.packed = native.pack_blocks(kind, values, scales, offsets)
+        return layer
+
+    def expose_weight(self, weight: nn.Parameter) -> None:
+        """Answer ``.weight`` with ``weight``, a Parameter holding this layer's values (a tied embedding),
+        instead of unpacking the packed layout on every read."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight must be [{self.out_features}, {self.in_features}], got {tuple(weight.shape)}")
+        self._parameters["weight"] = weight  # register_parameter refuses: __getattr__ answers 'weight'
+
     def __getattr__(self, name: str) -> Any:
         # a packed-only float32 layer has no stored [N, K] weight; reading ``.weight`` unpacks a copy
         if name == "weight":
             packed = self.__dict__["_buffers"].get("packed")
             if packed is not None:
+                kind = self.__dict__["kind"]
+                if kind in native.BLOCK_KINDS:
+                    return native.unpack_blocks(kind, packed, self.out_features)
                 return native.unpack_float32(packed, self.out_features)
         return super().__getattr__(name)
 
     def dequantized(self) -> torch.Tensor:
         """The weight as float32 ``[N, K]``, as the kernel sees it (tests)."""
-        if self.kind in ("float32", "bfloat16"):
+        if self.kind in ("float32", "bfloat16", *native.BLOCK_KINDS):
             weight: torch.Tensor = self.weight
             return weight.float()
         eye = torch.eye(self.in_features, dtype=torch.float32)
@@ -145,10 +174,12 @@ class LeanLinear(nn.Module):
         """``x [..., K]`` float32 -> ``[..., N]`` float32."""
         if self.packed is not None:
             flat = x.reshape(-1, self.in_features)
-            if flat.device.type == "cpu":
+            if flat.device.type != "cpu":  # moved to another device after packing: read back (slow, exact)
+                product = nn.functional.linear(flat, self.weight.to(flat.device))
+            elif self.kind in native.BLOCK_KINDS:
+                product = native.mm_blocks(self.kind, flat, self.packed, self.out_features)
+            else:
                 product = native.mm_float32(flat, self.packed, self.out_features)
-            else:  # moved to another device after packing: the packed layout is read back (slow, exact)
-                product = nn.functional.linear(flat, native.unpack_float32(self.packed, self.out_features))
             out = product.reshape(*x.shape[:-1], self.out_features)
         elif self.kind == "float32":
             out = nn.functional.linear(x, self.weight)
@@ -168,6 +199,20 @@ class LeanLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
+
+
+def dequantize_blocks(block: Any) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight of a :class:`spec_fast.lean.gguf.BlockWeight`."""
+    return _dequantize_blocks(block.values, block.scales, block.offsets)
+
+
+def _dequantize_blocks(values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """``scales * values + offsets`` per group of 32 inputs -> float32 ``[N, K]`` (GGUF's de-quantisation)."""
+    group = native.GROUP
+    weight = values.float() * scales.float().repeat_interleave(group, dim=1)
+    if offsets is not None:
+        weight = weight + offsets.float().repeat_interleave(group, dim=1)
+    return weight
 
 
 def _pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

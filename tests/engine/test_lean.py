@@ -266,3 +266,34 @@ def test_smollm2_lean_int8_greedy_speculative_output_equals_its_plain_decoding(s
     plain = SpeculativeDecoder(lean, None, parse_strategy("ar")).generate(prompts, max_new_tokens=40).tokens
     decoder = SpeculativeDecoder(lean, load_drafter("retrieval", lean), parse_strategy("chain:2"))
     assert decoder.generate(prompts, max_new_tokens=40).tokens == plain
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+@pytest.mark.parametrize("kind", sorted(native.BLOCK_KINDS))
+@pytest.mark.parametrize("shape", [(1, 32), (70, 64), (192, 576)])
+def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others(
+        kind: str, shape: tuple[int, int]) -> None:
+    torch.manual_seed(6)
+    out_features, in_features = shape
+    groups = in_features // native.GROUP
+    if kind == "q4_1":
+        values = torch.randint(0, 16, shape, dtype=torch.uint8)
+        offsets: torch.Tensor | None = torch.randn(out_features, groups) * 0.05
+    else:
+        values = torch.randint(-128, 128, shape, dtype=torch.int8)
+        offsets = None
+    scales = torch.rand(out_features, groups) * 0.02
+    weight = values.float() * scales.repeat_interleave(native.GROUP, 1)
+    if offsets is not None:
+        weight = weight + offsets.repeat_interleave(native.GROUP, 1)
+    layer = LeanLinear.from_blocks(kind, values, scales, offsets)
+    assert layer.kind == kind and torch.equal(layer.dequantized(), weight)  # the stored weights, exactly
+    x = torch.randn(11, in_features)
+    full = layer(x)
+    torch.testing.assert_close(full, x @ weight.t(), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    for start in range(11):
+        for stop in range(start + 1, 12):
+            assert torch.equal(layer(x[start:stop]), full[start:stop]), (start, stop)
+    with native.disabled():  # no kernel: the same weights, de-quantised, on torch's product
+        fallback = LeanLinear.from_blocks(kind, values, scales, offsets)
+    assert fallback.packed is None and torch.equal(fallback.weight, weight)

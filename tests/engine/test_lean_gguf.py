@@ -67,11 +67,61 @@ def test_skipping_the_unpermutation_changes_the_logits(smollm2: Any, gguf_tensor
     """Negative control: the equality above depends on undoing the converter's row permutation (here the
     query rows of every layer are put back in the file's order)."""
     model, _ = smollm2
+    from spec_fast.lean import native
+
     heads = int(gguf_tensors.config.num_attention_heads)
-    broken = LeanLlama.from_hf(gguf_tensors)
+    with native.disabled():  # torch's products: the weights are Parameters that can be edited in place
+        broken = LeanLlama.from_hf(gguf_tensors)
     for layer, source in zip(broken.model.layers, gguf_tensors.model.layers):
         q = source.self_attn.q_proj.weight
         as_in_file = q.reshape(heads, 2, q.shape[0] // heads // 2, -1).transpose(1, 2).reshape(q.shape)
         layer.self_attn.qkv_proj.weight.data[: q.shape[0]] = as_in_file
     ids = torch.tensor([[1, 504, 3458, 314, 253, 1751, 28, 7, 2451, 30]])
     assert not torch.allclose(_logits(broken, ids), _logits(LeanLlama.from_hf(model), ids), atol=1e-3)
+
+
+@pytest.mark.model
+def test_the_blocks_as_read_are_the_files_weights(gguf_tensors: Any) -> None:
+    """read_blocks decodes Q4_1 and Q8_0 blocks into exactly gguf.dequantize's float32 weights."""
+    from gguf import GGUFReader, dequantize
+
+    from spec_fast.lean.gguf import read_blocks
+    from spec_fast.lean.quant import dequantize_blocks
+
+    reader = GGUFReader(os.path.join(default_model_dir(), DEFAULT_GGUF))
+    seen = set()
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind in ("Q4_1", "Q8_0") and kind not in seen:
+            seen.add(kind)
+            blocks = read_blocks(np.asarray(tensor.data), kind)
+            expected = torch.from_numpy(np.copy(dequantize(tensor.data, tensor.tensor_type))).float()
+            assert torch.equal(dequantize_blocks(blocks), expected), tensor.name
+    assert seen == {"Q4_1", "Q8_0"}
+
+
+@pytest.mark.model
+def test_the_gguf_blocks_model_is_the_float32_model_up_to_rounding(gguf_tensors: Any) -> None:
+    """weights='gguf' multiplies the file's blocks as stored: the same weights as the de-quantised float32
+    model, so the logits agree within float32 rounding and greedy decoding gives the same tokens; its
+    speculative output equals its own plain decoding (the kernels and float64 attention are batch-invariant)."""
+    from spec_fast.engine import SpeculativeDecoder
+    from spec_fast.drafts.retrieval import RetrievalDrafter
+    from spec_fast.lean import native
+    from spec_fast.strategies import parse_strategy
+
+    if not native.available():
+        pytest.skip("no C compiler here: the native kernels are not built")
+    blocks = lean_from_gguf(os.path.join(default_model_dir(), DEFAULT_GGUF), "gguf")
+    dense = LeanLlama.from_hf(gguf_tensors)
+    assert blocks.model.layers[0].mlp.gate_up_proj.kind == "q4_1" and blocks.lm_head.kind == "q8_0"
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 1751, 28, 7, 2451, 30]])
+    torch.testing.assert_close(_logits(blocks, ids), _logits(dense, ids), rtol=0, atol=2e-3)
+    prompt = [1, 9690, 198, 2683, 346, 253, 1876, 3180, 28, 7, 1]
+    plain = [SpeculativeDecoder(m, None, parse_strategy("ar")).generate([prompt], max_new_tokens=24).tokens[0]
+             for m in (blocks, dense)]
+    assert plain[0] == plain[1]
+    drafter = RetrievalDrafter(None, int(blocks.config.vocab_size))
+    for strategy in ("chain:3", "topk:2,2,4"):
+        spec = SpeculativeDecoder(blocks, drafter, parse_strategy(strategy)).generate([prompt], max_new_tokens=24)
+        assert spec.tokens[0] == plain[0], strategy
