@@ -1,8 +1,10 @@
 """Cost of one SmolLM2-135M target pass by forward and weight format, as a function of its width, in one run.
 
-Variants (``--variants``): ``hf`` (HF's model, float32), ``lean`` (:mod:`spec_fast.lean`, float32),
-``lean-rowmajor`` (the same with every weight stored row-major, as HF stores it: the layout comparison of
-:mod:`spec_fast.lean.quant`),
+Variants (``--variants``): ``hf`` (HF's model, float32), ``lean`` (:mod:`spec_fast.lean`, float32, the
+native matrix products of :mod:`spec_fast.lean.native`), ``lean-torch`` (the same weights on torch's
+products, widening weights stored column-major: the fallback), ``lean-rowmajor`` (torch's products with
+every weight row-major, as HF stores it), ``lean-gguf`` (the GGUF file's own Q4_1 / Q8_0 blocks on the native
+kernels),
 ``lean-bf16`` (bfloat16 weights), ``lean-int8`` and ``lean-int4`` (weight-only quantisation; the int4 model
 keeps an int8 LM head). Every variant runs through our ``TreeKVCache`` exactly as a verification pass does
 (a chain block of ``Q`` new tokens with its tree mask behind a 120-token context); variants and widths are
@@ -43,14 +45,14 @@ from bench._git import git_commit  # noqa: E402
 from bench._common import write_results  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
-from spec_fast.lean import LeanLinear, LeanLlama  # noqa: E402
-from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
+from spec_fast.lean import LeanLinear, LeanLlama, lean_from_gguf, native  # noqa: E402
+from spec_fast.models import DEFAULT_GGUF, chat_prompt_ids, default_model_dir, load_model  # noqa: E402
 from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy  # noqa: E402
 
-WIDTHS = (1, 2, 3, 4, 8, 16)
+WIDTHS = (1, 2, 3, 4, 5, 8, 16)
 CONTEXT = 120
-VARIANTS = {"hf": None, "lean": "float32", "lean-rowmajor": "float32", "lean-bf16": "bfloat16", "lean-int8": "int8",
-            "lean-int4": "int4"}
+VARIANTS = {"hf": None, "lean": "float32", "lean-torch": "float32", "lean-rowmajor": "float32", "lean-gguf": "gguf",
+            "lean-bf16": "bfloat16", "lean-int8": "int8", "lean-int4": "int4"}
 PROMPTS = [
     "Write a short poem about the sea.",
     "Give me three tips for staying focused while studying.",
@@ -64,7 +66,7 @@ PROMPTS = [
 def row_major(model: LeanLlama) -> None:
     """Store every float32 weight of ``model`` row-major (``[N, K]`` contiguous), HF's layout."""
     for module in model.modules():
-        if isinstance(module, LeanLinear) and module.kind == "float32":
+        if isinstance(module, LeanLinear) and module.kind == "float32" and module.packed is None:
             module.weight = torch.nn.Parameter(module.weight.contiguous(), requires_grad=False)
 
 
@@ -211,9 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, Any] = {}
     for name in names:
         weights = VARIANTS[name]
-        models[name] = hf_model if weights is None else LeanLlama.from_hf(hf_model, weights)
-        if name == "lean-rowmajor":
-            row_major(models[name])
+        if weights is None:
+            models[name] = hf_model
+        elif weights == "gguf":
+            models[name] = lean_from_gguf(os.path.join(default_model_dir(), DEFAULT_GGUF), "gguf")
+        elif name in ("lean-torch", "lean-rowmajor"):
+            with native.disabled():
+                models[name] = LeanLlama.from_hf(hf_model, weights)
+            if name == "lean-rowmajor":
+                row_major(models[name])
+        else:
+            models[name] = LeanLlama.from_hf(hf_model, weights)
     prompts = [chat_prompt_ids(tokenizer, text) for text in PROMPTS[: args.prompts]]
 
     times = pass_costs(models, args.rounds, device)
@@ -250,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                   "interleaved (per width and round, per prompt) so that ratios are comparable",
         "note": "median ms per pass behind a 120-token context; 'x vs first' = ratio to the first variant; "
                 "lean-bf16 is measured only (its oneDNN product is not batch-invariant, so speculative output can "
-                "differ from its plain decoding); int8/int4 attention runs in float64 (spec_fast/lean/model.py)",
+                "differ from its plain decoding); attention runs in float64 for lean, lean-gguf, int8 and int4 "
+                "(spec_fast/lean/model.py), in float32 for hf, lean-torch and lean-rowmajor",
     }
     head = "| variant | " + " | ".join(f"{q} tok (ms)" for q in WIDTHS) + " | 8 vs 1 | plain tok/s | x vs first |"
     table = [head, "|---|" + "---:|" * (len(WIDTHS) + 3)]
