@@ -181,8 +181,9 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     if not _LOADED or _LOADED[0].key != key:
         _LOADED.clear()
         cached = None
-        if settings.dtype == "float32" and settings.quantize == "none" and _needs_no_hf_modules(settings):
-            # the model cache read without transformers: the same logits, seconds sooner
+        if settings.dtype == "float32" and settings.quantize == "none":
+            # the model cache read without transformers: the same logits, seconds sooner (drafts built from
+            # HF modules load the HF model beside it, _load_drafter)
             cached = load_cached_lean(source.path, source.gguf_file, settings.device)
         if settings.quantize == "gguf":  # the file's own blocks, no HF model
             model, tokenizer = load_model(source.path, device=settings.device, gguf_file=source.gguf_file,
@@ -200,9 +201,9 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
 
             if settings.lean:
                 model = lean_model(hf_model, settings.quantize if settings.quantize != "none" else "float32")
-            elif cached is None and settings.dtype == "float32" and _needs_no_hf_modules(settings) \
-                    and supports(hf_model) is None:
-                # the run that fills the model cache decodes with the forward later runs read from it
+            elif settings.dtype == "float32" and supports(hf_model) is None:
+                # a Llama-family target runs on the lean forward (native products, batch-invariant), also in
+                # the run that fills the model cache, so every run decodes with the same forward
                 model = lean_model(hf_model, "float32")
         _LOADED.append(_Loaded(key, model, tokenizer, {}, hf_model))
     loaded = _LOADED[0]
@@ -241,15 +242,6 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
         loaded.hf_model, _ = load_model(loaded.key[0].path, dtype=settings.dtype, device=settings.device,
                                         gguf_file=loaded.key[0].gguf_file, notify=notify)
     return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
-
-
-def _needs_no_hf_modules(settings: GenerateSettings) -> bool:
-    """Whether the decoder of ``settings`` runs on a lean target alone: no draft or the model-free retrieval
-    draft (trained drafts are built from the HF model's modules; an early-exit draft of a lean target is
-    not checked against HF's bit for bit, and its law decides samples at T > 0)."""
-    if not settings.strategy.drafts:
-        return True
-    return all(name == "retrieval" for name in settings.draft.split(","))
 
 
 def complete(
