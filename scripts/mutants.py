@@ -192,6 +192,26 @@ CATALOGUE: tuple[Mutant, ...] = (
        "        top_ids = q.shape[-1] - 1 - top_ids",
        ("tests/engine/test_drafting_decisions.py::test_dynatree_trees_with_ties_equal_the_reference_rule",),
        "DynaTree branching takes tied children highest id first", fast=True),
+    # ------------------------------------------------------------------ native matrix products (spec_fast/lean)
+    _m("native-q4-offset-subtracted", "spec_fast/lean/kernels.c",
+       "for (int r = 0; r < rows; ++r) acc[r][c] += dc * part[r][c] + mc * sum_x[r];\n        }\n    }\n"
+       "    store_rows(rows, acc, y, ldy, width);\n}\n\nstatic inline __attribute__((always_inline)) void q8_rows(",
+       "for (int r = 0; r < rows; ++r) acc[r][c] += dc * part[r][c] - mc * sum_x[r];\n        }\n    }\n"
+       "    store_rows(rows, acc, y, ldy, width);\n}\n\nstatic inline __attribute__((always_inline)) void q8_rows(",
+       ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
+       "Q4_1 blocks decoded as d q - m instead of the file's d q + m"),
+    _m("native-f32-last-input-dropped", "spec_fast/lean/kernels.c",
+       "    for (int64_t k = 0; k < k_size; ++k) {\n        f32x16 wk[VECS];",
+       "    for (int64_t k = 0; k < k_size - 1; ++k) {\n        f32x16 wk[VECS];",
+       ("tests/engine/test_lean.py::test_the_native_float32_product_is_the_product_and_each_row_ignores_the_others",),
+       "the float32 product skips the last input of every output"),
+    _m("native-f32-rows-depend-on-the-batch", "spec_fast/lean/kernels.c",
+       "            const float xv = x[r * ldx + k];\n            for (int c = 0; c < VECS; ++c) acc[r][c] += xv * wk[c];",
+       "            const float xv = x[r * ldx + k] * (rows > 1 ? 1.0000001f : 1.0f);\n"
+       "            for (int c = 0; c < VECS; ++c) acc[r][c] += xv * wk[c];",
+       ("tests/engine/test_lean.py::test_the_native_float32_product_is_the_product_and_each_row_ignores_the_others",),
+       "a row's product changes in its last bits when other rows share the pass (within float tolerance, "
+       "so only the exact batch-invariance check can see it)"),
 )
 
 
