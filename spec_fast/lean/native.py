@@ -37,7 +37,7 @@ BLOCK = 64
 GROUP = 32
 #: GGUF's block-quantised formats the kernels read, and their code in kernels.c
 BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
-_VERSION = 3
+_VERSION = 4
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
@@ -109,6 +109,8 @@ def _load() -> ctypes.CDLL | None:
         lib.spec_fast_mm_f32.restype = None
         lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64]
         lib.spec_fast_mm_blocks.restype = None
+        lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
+        lib.spec_fast_pack_f32.restype = None
     except (OSError, AttributeError):
         return None
     return lib
@@ -137,9 +139,17 @@ def pack_float32(weight: torch.Tensor) -> torch.Tensor:
     """``weight [N, K]`` -> the packed layout ``[ceil(N / 64), K, 64]`` float32 (zeros beyond ``N``)."""
     out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
     blocks = -(-out_features // BLOCK)
-    padded = torch.zeros(blocks * BLOCK, in_features, dtype=torch.float32)
-    padded[:out_features] = weight.detach().float()
-    return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()
+    source = weight.detach().float()
+    lib = _library()
+    if lib is None or source.device.type != "cpu":
+        padded = torch.zeros(blocks * BLOCK, in_features, dtype=torch.float32, device=source.device)
+        padded[:out_features] = source
+        return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()
+    if source.stride(-1) != 1:
+        source = source.contiguous()
+    packed = torch.empty(blocks, in_features, BLOCK, dtype=torch.float32)
+    lib.spec_fast_pack_f32(source.data_ptr(), out_features, in_features, int(source.stride(0)), packed.data_ptr())
+    return packed
 
 
 def unpack_float32(packed: torch.Tensor, out_features: int) -> torch.Tensor:
