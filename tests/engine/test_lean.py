@@ -87,7 +87,8 @@ def test_lean_float32_logits_and_cache_match_hf_through_the_engine_cache_operati
     assert len(expected) == len(got)
     for e, g in zip(expected, got):
         assert e.shape == g.shape
-        torch.testing.assert_close(g, e, rtol=0, atol=TOLERANCE)
+        # the native products' lean model keeps its cache in float64 (attention runs in float64 there)
+        torch.testing.assert_close(g.float(), e, rtol=0, atol=TOLERANCE)
 
 
 def test_lean_hidden_states_follow_hf_convention(hf_model: Any) -> None:
