@@ -6,9 +6,9 @@ Each step of ``--strategy nde`` (:class:`~spec_fast.engine.SpeculativeDecoder`):
 2. :meth:`NdeSelector.choose` computes the appendix-E root features (:func:`spec_fast.selector.root_features`)
    from tensors the step already has -- no extra target pass (seed 002 footnote 4):
 
-   * ``h_prev^p``, ``p_prev``: the target's final hidden state and ``G(logits)`` at the token before the
-     root, from the previous verification pass (the accepted path's last slot) or, on the first step,
-     from the prefill;
+   * ``h_prev^p``, ``p_prev``: the target's final hidden state and law (:func:`spec_fast.selector.feature_law`
+     of its logits) at the token before the root, from the previous verification pass (the accepted
+     path's last slot) or, on the first step, from the prefill;
    * ``h_prev^q``, ``q_prev``: the draft's at the token before the root: from this step's pending forward
      when the drafter had that token pending, else the last entry it committed
      (:class:`HiddenRecorder`); ``h_cur^q``, ``q_root``: the draft's at the root (pending forward);
@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.decoding import SamplingParams
 from spec_fast.drafting import DraftBatch, draft_delayed_tree, draft_root_only, pending_forward
 from spec_fast.drafts.model import Drafter
 from spec_fast.latency import LatencyModel
-from spec_fast.selector import SelectorNet, root_features
+from spec_fast.selector import SelectorNet, feature_law, root_features
 
 if TYPE_CHECKING:  # the engine imports this module
     from spec_fast.commit import HeadTrack
@@ -75,12 +75,18 @@ class HiddenRecorder(Drafter):
         self.inner = check_nde_drafter(inner)
         self.vocab_size = inner.vocab_size
         self.draft_hidden_size = inner.draft_hidden_size
+        # a trained head (rnn, eagle) advances from the verifier's hidden states: pass them through
+        self.wants_target_hidden = bool(getattr(inner, "wants_target_hidden", False))
         self.chunks: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (first entry, logits, hidden)
         self.last_logits: torch.Tensor | None = None
         self.last_hidden: torch.Tensor | None = None
 
     def begin(self, batch_size: int, device: torch.device) -> Any:
         return self.inner.begin(batch_size, device)
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        self.inner.observe_target(state, target_hidden, keep, counts)
 
     def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         base = self.inner.num_block(state)
@@ -132,13 +138,11 @@ class HiddenRecorder(Drafter):
 @dataclass(frozen=True)
 class NdeChoice:
     """One step's choice: the action ``(K, L1, L2)``, its index in the selector's action space, the
-    seconds the selector took, and the draft law at the root it computed."""
+    seconds the selector took."""
 
     action: tuple[int, int, int]
     index: int
     seconds: float
-    #: ``q_root [B, V]``: the draft law at the root, for the builder (computed once)
-    root_law: torch.Tensor | None = None
 
 
 class NdeSelector:
@@ -172,16 +176,15 @@ class NdeSelector:
         context_lengths: Sequence[int],
         active: Sequence[bool],
         sampling: SamplingParams,
-        draft_law: Callable[[torch.Tensor], torch.Tensor],
     ) -> NdeChoice:
-        """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring):
-        ``p = G(target logits)``, ``q = draft_law(draft logits)`` (the law the drafter samples from)."""
+        """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring): the laws
+        of the features are :func:`spec_fast.selector.feature_law` of the logits (no decoding operator)."""
         start = time.perf_counter()
         device = target_logits_prev.device
         batch = int(target_logits_prev.shape[0])
-        p_prev = sampling_probs(target_logits_prev, sampling)
-        q_prev = draft_law(draft_logits_prev.unsqueeze(1))[:, 0]
-        q_root = draft_law(draft_logits_root.unsqueeze(1))[:, 0]
+        p_prev = feature_law(target_logits_prev, sampling.temperature)
+        q_prev = feature_law(draft_logits_prev, sampling.temperature)
+        q_root = feature_law(draft_logits_root, sampling.temperature)
         lengths = [int(n) for n in context_lengths]
 
         def column(values: Sequence[float]) -> torch.Tensor:
@@ -196,7 +199,7 @@ class NdeSelector:
         policy = torch.softmax(self.net(features).float(), dim=-1)  # [B, A]
         rows = torch.tensor([b for b in range(batch) if active[b]] or [0], device=device)
         index = int(policy.index_select(0, rows).mean(dim=0).argmax())
-        return NdeChoice(self.actions[index], index, time.perf_counter() - start, q_root)
+        return NdeChoice(self.actions[index], index, time.perf_counter() - start)
 
 
 def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
@@ -248,7 +251,7 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
     target_logits_prev, target_hidden_prev = st.nde_previous
     choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
                              draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
-                             st.sampling, draft_law)
+                             st.sampling)
     metrics = st.metrics
     metrics.selector_s += choice.seconds
     metrics.selector_steps += 1
@@ -261,5 +264,4 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
         plain = draft_root_only(st.roots, "iid", device)
         return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
     return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
-                              draft_law, st.generator, device, root=(root_logits, width),
-                              root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))
+                              draft_law, st.generator, device, root=(root_logits, width))

@@ -13,8 +13,12 @@ network of seed 002 (docs/papers.md) eq. (10) and the features of its appendix E
     temperature, top-p, and the latency estimates ``t_q(|x|)``, ``t_p(|x|)`` of one draft and one target
     pass (eq. 11's time model, :mod:`spec_fast.latency`).
 
-  ``p_prev`` / ``q_prev`` are the target / draft next-token laws at the token before the root (the laws
-  the verifier compared there, i.e. after the decoding operator G), ``q_root`` the draft law at the root.
+  ``p_prev`` / ``q_prev`` are the target / draft next-token laws at the token before the root, ``q_root``
+  the draft law at the root, each the *tempered softmax* ``softmax(logits / T)`` (:func:`feature_law`;
+  ``softmax(logits)`` at T = 0), not the decoding operator G that the verifier applies. Why: G sorts the
+  whole vocabulary for top-p (about 7 ms per law at V = 49152 on this CPU, three laws per step, against
+  0.05 ms for a softmax), and a feature only has to be a function of the committed context; the
+  truncation G adds is itself a function of this softmax and of top-p, which is a feature.
   Zeros: ``0 log 0 = 0`` in entropies and KL terms. A KL whose first law puts mass where the second has
   none is ``+inf``; appendix E does not say how the paper handles it, and truncated laws (top-p, a draft
   on a vocabulary subset) make it the common case, so the divergence is taken against the second law
@@ -43,6 +47,7 @@ from spec_ref.selector import action_space
 __all__ = [
     "SCALAR_FEATURES",
     "KL_FLOOR",
+    "feature_law",
     "entropy",
     "kl_divergence",
     "l1_distance",
@@ -73,6 +78,15 @@ SCALAR_FEATURES: tuple[str, ...] = (
 
 #: Floor of the second law inside a KL divergence (module docstring): ``log(1 / KL_FLOOR) ~ 20.7`` nats.
 KL_FLOOR = 1e-9
+
+
+def feature_law(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The law a feature reads (module docstring): ``softmax(logits / T)`` over the last axis in float32,
+    ``softmax(logits)`` at ``T = 0``; ``-inf`` logits (a draft's vocabulary subset) get probability 0."""
+    t = float(temperature)
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"temperature must be finite and >= 0, got temperature={temperature!r}")
+    return torch.softmax(logits.float() / (t if t > 0 else 1.0), dim=-1)
 
 
 def _check_probs(probs: torch.Tensor, name: str) -> None:

@@ -90,6 +90,27 @@ def test_greedy_nde_with_a_separate_draft_model_and_shape_changes(target: Any, r
         assert result.tokens == [reference[r] for r in rows]
 
 
+def test_greedy_nde_with_a_feature_head_draft(target: Any, reference: list[list[int]]) -> None:
+    """A trained head (rnn) reads the target's hidden states through the recorder (observe_target is passed
+    on) and exposes its predicted features as its hidden states."""
+    from spec_fast.drafts.heads import FeatureHead, HeadDrafter
+
+    torch.manual_seed(2)
+    head = HeadDrafter(FeatureHead(target, "rnn", torch.arange(int(target.config.vocab_size))).eval())
+    seen: list[int] = []
+    observe = head.observe_target
+
+    def spy(state: Any, hidden: torch.Tensor, keep: Any = None, counts: Any = None) -> None:
+        seen.append(int(hidden.shape[1]))
+        observe(state, hidden, keep, counts)
+
+    head.observe_target = spy  # type: ignore[method-assign]
+    decoder = SpeculativeDecoder(target, head, parse_strategy("nde"), selector=cycling_selector(32))
+    result = decoder.generate(PROMPTS[:2], max_new_tokens=NEW_TOKENS)
+    assert result.tokens == reference[:2]
+    assert len(seen) >= result.metrics.target_passes  # the prefill and every step
+
+
 def _shape(tree: Any) -> tuple[int, int]:
     """(number of drafted nodes, depth) of row 0 of a verified tree."""
     valid = tree.valid[0]
@@ -146,8 +167,7 @@ class SpySelector(NdeSelector):
 
     def choose(self, target_hidden_prev: torch.Tensor, target_logits_prev: torch.Tensor,  # type: ignore[override]
                draft_hidden_prev: torch.Tensor, draft_logits_prev: torch.Tensor, draft_hidden_root: torch.Tensor,
-               draft_logits_root: torch.Tensor, context_lengths: Any, active: Any, sampling: Any, draft_law: Any
-               ) -> NdeChoice:
+               draft_logits_root: torch.Tensor, context_lengths: Any, active: Any, sampling: Any) -> NdeChoice:
         self.calls.append(dict(target_hidden_prev=target_hidden_prev.clone(), target_logits_prev=target_logits_prev.clone(),
                                draft_hidden_prev=draft_hidden_prev.clone(), draft_logits_prev=draft_logits_prev.clone(),
                                draft_hidden_root=draft_hidden_root.clone(), lengths=list(context_lengths)))
