@@ -14,8 +14,9 @@ bench decodes with the same one). For every prompt the target samples its own re
 (G of its logits, a seeded generator) through the engine's cache (spec_fast.kv_cache.TreeKVCache); a root
 is taken every --interval (16) generated tokens. At each root:
 
-1. the draft (--draft, default the committed ``distilled``; ``rnn`` and ``eagle`` read the target's hidden
-   states as in the engine) consumes the tokens since the last root in one pass;
+1. the draft (--draft, default the committed ``rnn`` head, the best of the three at depth 1 on held-out
+   text, bench/results/selector_drafts.md; ``rnn`` and ``eagle`` read the target's hidden state of the
+   token before each pending token, as in the engine) consumes the tokens since the last root in one pass;
 2. features (spec_fast.selector.root_features on spec_fast.selector.feature_law): hidden states of the
    target and the draft at the token before the root and of the draft at the root, entropies and
    divergences of their laws, sampling parameters, context length, and the latency estimates of the
@@ -254,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"roots per prompt (default {DEFAULTS['roots_per_prompt']})")
     parser.add_argument("--interval", type=int, default=16, help="generated tokens between roots")
     parser.add_argument("--trees", type=int, default=None, help=f"shared draws per root (default {DEFAULTS['trees']})")
-    parser.add_argument("--draft", default="distilled", choices=("distilled", "rnn", "eagle"))
+    parser.add_argument("--draft", default="rnn", choices=("distilled", "rnn", "eagle"),
+                        help="the model draft (default rnn: the best held-out acceptance at depth 1, bench/results/selector_drafts.md)")
     parser.add_argument("--methods", default="specinfer", help="comma-separated OT methods (specinfer, spectr, ...)")
     parser.add_argument("--out", default=None, help=f"output .npz (default {DEFAULT_OUT}, --quick: *_quick.npz)")
     parser.add_argument("--latency-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "spec_verify", "latency.json"),
