@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                         (run.logits[0], draft_logits[0], draft_logits[1])]
                 features = root_features(
                     run.hidden[-2].unsqueeze(0), draft_hidden[0].unsqueeze(0), draft_hidden[1].unsqueeze(0),
-                    *(law.double() for law in laws),
+                    laws[0].double(), laws[1].double(), laws[2].double(),
                     torch.tensor([float(context)]), torch.tensor([temperature]), torch.tensor([top_p]),
                     torch.tensor([latency.draft_time(context)]), torch.tensor([latency.target_time(context)]))
                 q_root = _probs(root_logits.unsqueeze(0), temperature, top_p)[0]

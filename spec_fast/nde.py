@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the engine imports this module
     from spec_fast.commit import HeadTrack
     from spec_fast.engine import DecodeState
 
-__all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector",
+__all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector", "stored_latency",
            "check_nde_drafter", "draft_nde"]
 
 DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
@@ -202,25 +202,46 @@ class NdeSelector:
         return NdeChoice(self.actions[index], index, time.perf_counter() - start)
 
 
+def stored_latency(metadata: dict[str, str], key: str) -> LatencyModel | None:
+    """The latency model the selector's training data was built with (in the weights' metadata), if it was
+    measured on this machine, device and thread count with this warm-up version (``key``: a
+    :func:`spec_fast.latency.cache_key`); else None."""
+    import json
+
+    stored = json.loads(metadata.get("dataset_header", "{}")).get("latency_model")
+    if not isinstance(stored, dict):
+        return None
+    model = LatencyModel.from_json(stored)
+    have, want = model.key.split("|"), key.split("|")
+    return model if len(have) == len(want) and have[:5] == want[:5] and have[-1] == want[-1] else None
+
+
 def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
-                      latency_cache: str | None = "default", device: torch.device | str = "cpu") -> NdeSelector:
+                      latency_cache: str | None = "default", device: torch.device | str = "cpu",
+                      prefer_stored: bool = True) -> NdeSelector:
     """The committed selector weights (``path``, default :data:`DEFAULT_SELECTOR_WEIGHTS`) and a latency
-    model measured on this machine by the warm-up microbenchmark (cached per machine/configuration in
-    ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always measures)."""
+    model for the features ``t_q(|x|)``, ``t_p(|x|)``: with ``prefer_stored``, the one the training data
+    was built with when that was measured on this machine (:func:`stored_latency`; the dataset comes from
+    one machine, so the policy only ever saw that model's values, and a fresh warm-up under another load
+    would shift two standardised features); else one measured here by the warm-up microbenchmark (cached
+    per machine/configuration in ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always
+    measures)."""
     from spec_fast.drafts.model import ModelDrafter
     from spec_fast.latency import cache_key, load_or_measure, measure_latency
     from spec_fast.selector_training import load_selector
 
     check_nde_drafter(drafter)
-    net, _ = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
+    net, metadata = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
     if latency_cache == "default":
         latency_cache = os.path.join(os.path.expanduser("~"), ".cache", "spec_verify", "latency.json")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     name = str(getattr(target.config, "_name_or_path", "") or type(target).__name__)
     key = cache_key(name, type(drafter).__name__ + f"/{drafter.draft_hidden_size}",
                     str(next(target.parameters()).dtype), device)
-    latency = load_or_measure(latency_cache, key,
-                              lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
+    latency = stored_latency(metadata, key) if prefer_stored else None
+    if latency is None:
+        latency = load_or_measure(latency_cache, key,
+                                  lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
     return NdeSelector(net.to(device), latency)
 
 
