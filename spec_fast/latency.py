@@ -47,7 +47,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Union
 
 import numpy as np
@@ -345,9 +345,9 @@ def measure_law_time(vocab_size: int, rows: int = 8, repeats: int = 5, device: t
     return float(statistics.median(timings))
 
 
-#: Version of the warm-up's model in :func:`cache_key` (2: width tables; 3: timed with the engine's laws), so
-#: older cached models are re-measured
-LATENCY_VERSION = 3
+#: Version of the warm-up's model in :func:`cache_key` (2: width tables; 3-4: with the decoding operator's
+#: time per row, which version 3 lost on caching), so older cached models are re-measured
+LATENCY_VERSION = 4
 
 
 def cache_key(target_name: str, draft_name: str, dtype: str, device: torch.device | str = "cpu") -> str:
@@ -371,8 +371,7 @@ def load_or_measure(path: str | None, key: str, measure: Callable[[], LatencyMod
             raise ValueError(f"{path} must hold a JSON object of latency models, got {type(entries).__name__}")
         if key in entries and not refresh:
             return LatencyModel.from_json(entries[key])
-    model = measure()
-    model = LatencyModel(model.draft, model.target, key)
+    model = replace(measure(), key=key)
     if path is not None:
         entries[key] = model.to_json()
         folder = os.path.dirname(os.path.abspath(path))

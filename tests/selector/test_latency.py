@@ -105,13 +105,13 @@ def test_json_cache_is_keyed_and_refreshable(tmp_path: object) -> None:
 
     def measure() -> LatencyModel:
         calls.append(1)
-        return LatencyModel(PassTimeFit(0.001 * len(calls), 0.0, 0.0), PassTimeFit(0.01, 0.001, 0.0))
+        return LatencyModel(PassTimeFit(0.001 * len(calls), 0.0, 0.0), PassTimeFit(0.01, 0.001, 0.0), law_per_row=0.006)
 
     key = cache_key("target", "draft", "float32")
     assert "float32" in key and "threads=" in key
     first = load_or_measure(path, key, measure)
     again = load_or_measure(path, key, measure)
-    assert len(calls) == 1 and again == first and again.key == key
+    assert len(calls) == 1 and again == first and again.key == key and again.law_per_row == 0.006
     other = load_or_measure(path, key + "x", measure)
     assert len(calls) == 2 and other.draft.intercept == pytest.approx(0.002)
     refreshed = load_or_measure(path, key, measure, refresh=True)
