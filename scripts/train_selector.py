@@ -31,8 +31,10 @@ import torch  # noqa: E402
 
 from spec_fast.drafts.heads import WEIGHTS_DIR  # noqa: E402
 from spec_fast.selector_training import (  # noqa: E402
+    SelectorData,
     TrainSettings,
     best_static_action,
+    cross_validate,
     describe_actions,
     evaluate_policy,
     load_dataset,
@@ -102,6 +104,47 @@ def _markdown(meta: dict[str, object], reports: dict[str, dict[str, object]], ac
     return "\n".join(lines) + "\n"
 
 
+#: the training settings ``--cv`` compares (the defaults first; a tie keeps the earlier one)
+CV_CANDIDATES: tuple[dict[str, float], ...] = (
+    {},
+    {"lr": 3e-4, "steps": 2000},
+    {"lr": 3e-4, "steps": 2000, "logit_cap": 6.0},
+    {"lr": 3e-4, "steps": 800, "logit_cap": 6.0},
+    {"lr": 1e-3, "steps": 300, "logit_cap": 6.0},
+    {"lr": 3e-4, "steps": 2000, "logit_cap": 6.0, "dropout": 0.5},
+    {"lr": 3e-4, "steps": 2000, "logit_cap": 4.0, "prior_logit": 4.0},
+)
+
+
+def run_cv(data: SelectorData, train_rows: torch.Tensor, results: str, command: str) -> int:
+    """``--cv``: 4-fold cross-validation of CV_CANDIDATES over the training prompts (the held-out prompts are
+    never read) -> bench/results/selector_cv.{json,md}."""
+    start = time.perf_counter()
+    candidates = [dataclasses.replace(TrainSettings(), **c) for c in CV_CANDIDATES]  # type: ignore[arg-type]
+    rows = cross_validate(data, train_rows, candidates)
+    best = max(range(len(rows)), key=lambda i: (round(rows[i]["cv_vs_best_static"], 6), -i))
+    meta = {"command": command, "commit": _commit(), "seconds": round(time.perf_counter() - start, 1),
+            "dataset": data.header.get("command"), "dataset_commit": data.header.get("commit"),
+            "chosen": rows[best]["settings"]}
+    with open(os.path.join(results, "selector_cv.json"), "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "results": rows}, handle, indent=1)
+    lines = ["# NDE selector: training settings by 4-fold cross-validation over the training prompts", "",
+             f"Command: `{command}` (commit {meta['commit']}, {meta['seconds']} s); dataset `{meta['dataset']}` "
+             f"(commit {meta['dataset_commit']}), training split only.", "",
+             "`CV` = policy mean E/T over the held folds / best static action's (chosen on the training folds); "
+             "`fit` = the same on the training folds themselves; `differs` = share of held roots whose tree is not "
+             "the best static one.", "",
+             "| settings (changes from TrainSettings()) | CV vs best static | fit vs best static | differs |", "|---|---|---|---|"]
+    for i, (candidate, row) in enumerate(zip(CV_CANDIDATES, rows)):
+        mark = " (chosen)" if i == best else ""
+        lines.append(f"| {json.dumps(candidate)}{mark} | {row['cv_vs_best_static']:.4f} | {row['fit_vs_best_static']:.4f} | "
+                     f"{row['cv_differs']:.3f} |")
+    with open(os.path.join(results, "selector_cv.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=DEFAULT_DATA)
@@ -114,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior-logit", type=float, default=TrainSettings.prior_logit)
     parser.add_argument("--penalty-weight", type=float, default=TrainSettings.penalty_weight)
     parser.add_argument("--worst-fraction", type=float, default=TrainSettings.worst_fraction)
+    parser.add_argument("--logit-cap", type=float, default=TrainSettings.logit_cap)
     parser.add_argument("--seed", type=int, default=TrainSettings.seed)
+    parser.add_argument("--cv", action="store_true",
+                        help="compare training settings by cross-validation over the training prompts (no weights written)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if not os.path.exists(args.data):
@@ -124,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = load_dataset(args.data, args.method)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, prior_logit=args.prior_logit,
-                                 penalty_weight=args.penalty_weight, worst_fraction=args.worst_fraction, seed=args.seed)
+                                 penalty_weight=args.penalty_weight, worst_fraction=args.worst_fraction,
+                                 logit_cap=args.logit_cap, seed=args.seed)
         train_rows, heldout_rows = split_by_prompt(data)
+        if args.cv:
+            os.makedirs(args.results, exist_ok=True)
+            return run_cv(data, train_rows, args.results,
+                          "python scripts/train_selector.py " + " ".join(argv if argv is not None else sys.argv[1:]))
         if heldout_rows.numel() == 0:
             raise ValueError("the dataset has too few prompts for a held-out split (need >= 5)")
         baselines = static_baselines(data, train_rows)

@@ -15,8 +15,9 @@ Each step of ``--strategy nde`` (:class:`~spec_fast.engine.SpeculativeDecoder`):
    * ``|x|``, temperature, top-p, and ``t_q(|x|)``, ``t_p(|x|)`` of the warm-up latency model
      (:mod:`spec_fast.latency`, measured on the machine in use);
 
-   runs :class:`~spec_fast.selector.SelectorNet` and takes ``argmax`` of the policy. A batch gets one
-   shape per step: the argmax of the policy probabilities averaged over the active rows (the delayed
+   runs :class:`~spec_fast.selector.SelectorNet` and takes the most probable tree (the policy summed over
+   the actions of each distinct tree, :meth:`~spec_fast.selector.SelectorNet.select`). A batch gets one
+   shape per step: the most probable tree of the policy averaged over the active rows (the delayed
    builder drafts one shape for the whole batch);
 3. the engine drafts that ``(K, L1, L2)`` delayed tree below the root logits of step 1 (L1 + L2 = 0: no
    draft token, a plain step) and verifies it with the strategy's OT verifier.
@@ -196,9 +197,9 @@ class NdeSelector:
             column([sampling.top_p] * batch), column([self.latency.draft_time(n) for n in lengths]),
             column([self.latency.target_time(n) for n in lengths]), validate=False,
         )
-        policy = torch.softmax(self.net(features).float(), dim=-1)  # [B, A]
+        policy = self.net.tree_probs(self.net(features))  # [B, trees]
         rows = torch.tensor([b for b in range(batch) if active[b]] or [0], device=device)
-        index = int(policy.index_select(0, rows).mean(dim=0).argmax())
+        index = int(self.net.representative(policy.index_select(0, rows).mean(dim=0).argmax()))
         return NdeChoice(self.actions[index], index, time.perf_counter() - start)
 
 

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -32,10 +33,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss
+from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss, tree_key
 
 __all__ = ["SelectorData", "TrainSettings", "load_dataset", "split_by_prompt", "static_baselines",
-           "best_static_action", "train_selector", "evaluate_policy", "save_selector", "load_selector"]
+           "best_static_action", "train_selector", "evaluate_policy", "cross_validate", "save_selector", "load_selector"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class TrainSettings:
     penalty_weight: float = 1.0
     worst_fraction: float = 0.1
     dropout: float = 0.1
+    logit_cap: float = 0.0
     seed: int = 0
     log_every: int = 100
 
@@ -145,7 +147,8 @@ def train_selector(data: SelectorData, rows: torch.Tensor, baselines: dict[tuple
         raise ValueError("rows must hold at least one training root, got none")
     torch.manual_seed(settings.seed)
     config = SelectorConfig(int(data.target_hidden_prev.shape[1]), int(data.draft_hidden_prev.shape[1]),
-                            dropout=settings.dropout, max_branches=max(a[0] for a in data.actions),
+                            dropout=settings.dropout, logit_cap=settings.logit_cap,
+                            max_branches=max(a[0] for a in data.actions),
                             max_trunk=max(a[1] for a in data.actions), max_branch_length=max(a[2] for a in data.actions))
     if config.actions != data.actions:
         raise ValueError("the dataset's actions are not the action space of eq. 8 in spec_ref order")
@@ -156,7 +159,7 @@ def train_selector(data: SelectorData, rows: torch.Tensor, baselines: dict[tuple
     assert isinstance(output, torch.nn.Linear)
     with torch.no_grad():
         output.bias.zero_()
-        output.bias[overall] = settings.prior_logit
+        output.bias[overall] = settings.prior_logit  # before the logit cap, if any
     base = _baseline_actions(data, rows, baselines, overall)
     optimizer = torch.optim.AdamW(net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     order_generator = torch.Generator().manual_seed(settings.seed)
@@ -251,6 +254,7 @@ def evaluate_policy(net: SelectorNet, data: SelectorData, rows: torch.Tensor, st
         scored["oracle_crossfit"] = (e, t)
         picks["oracle_crossfit"] = pick_first.numpy()
     report: dict[str, Any] = {"roots": count}
+    static_tree = tree_key(data.actions[static_action])
     groups = data.prompt_index[rows].numpy()
     static_tps = (scored["best_static"][0] / scored["best_static"][1]).numpy()
     for name, (e, t) in scored.items():
@@ -258,7 +262,8 @@ def evaluate_policy(net: SelectorNet, data: SelectorData, rows: torch.Tensor, st
         report[name] = {
             "tps_mean": float(per.mean()), "tps_pooled": float(e.sum() / t.sum()),
             "block_efficiency": float(e.mean()), "latency_s": float(t.mean()),
-            "differs_from_best_static": float(np.mean(picks[name] != static_action)),
+            "differs_from_best_static": float(np.mean([tree_key(data.actions[int(a)]) != static_tree
+                                                        for a in picks[name].tolist()])),
             "tps_mean_ci": _bootstrap_ratio(per, static_tps, groups),
         }
     for name in scored:
@@ -270,6 +275,37 @@ def evaluate_policy(net: SelectorNet, data: SelectorData, rows: torch.Tensor, st
         counts[key] = counts.get(key, 0) + 1
     report["policy_actions"] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
     return report
+
+
+def cross_validate(data: SelectorData, rows: torch.Tensor, candidates: Sequence[TrainSettings], folds: int = 4
+                   ) -> list[dict[str, Any]]:
+    """Each candidate's policy throughput relative to the best static action, by ``folds``-fold cross-validation
+    over the prompts of ``rows`` (fold = prompt index // 5 mod folds, so the prompts of one fold are spread
+    over the pool): train on the other folds, score the held fold (mean E/T of all held roots pooled over
+    folds, ``cv_vs_best_static``), and the fit on the training folds themselves (``fit_vs_best_static``)."""
+    fold_of = (data.prompt_index[rows] // 5) % folds
+    out: list[dict[str, Any]] = []
+    for settings in candidates:
+        sums = {"cv": 0.0, "cv_static": 0.0, "fit": 0.0, "differs": 0.0}
+        count = 0
+        for fold in range(folds):
+            train, held = rows[fold_of != fold], rows[fold_of == fold]
+            if held.numel() == 0 or train.numel() == 0:
+                continue
+            baselines = static_baselines(data, train)
+            static = best_static_action(data, train)
+            net, _ = train_selector(data, train, baselines, settings, progress=False)
+            scored = evaluate_policy(net, data, held, static, baselines)
+            fitted = evaluate_policy(net, data, train, static, baselines)
+            n = int(held.numel())
+            sums["cv"] += scored["policy"]["tps_mean"] * n
+            sums["cv_static"] += scored["best_static"]["tps_mean"] * n
+            sums["fit"] += fitted["policy"]["tps_mean_vs_best_static"] / folds
+            sums["differs"] += scored["policy"]["differs_from_best_static"] * n
+            count += n
+        out.append({"settings": dataclasses.asdict(settings), "cv_vs_best_static": sums["cv"] / sums["cv_static"],
+                    "fit_vs_best_static": sums["fit"], "cv_differs": sums["differs"] / max(count, 1), "roots": count})
+    return out
 
 
 def describe_actions(actions: Sequence[tuple[int, int, int]], index: int) -> str:
