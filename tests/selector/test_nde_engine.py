@@ -231,17 +231,17 @@ def test_parse_nde_strategies() -> None:
 
 @pytest.mark.model
 def test_smollm2_greedy_nde_with_the_committed_selector_equals_greedy_ar() -> None:
-    """SmolLM2 + the distilled draft + the committed selector weights (latency model from a fixed fit, so
-    the test does not run the warm-up). The committed policy picks the same action at every root of this
-    run (bench/results/selector.md says why), so the shape-change check is the crafted one above."""
-    from spec_fast.drafts.heads import load_distilled
+    """SmolLM2 + the rnn head (the selector's draft) + the committed selector weights (latency model from a
+    fixed fit, so the test does not run the warm-up). The committed policy picks the plain step at every
+    root (bench/results/selector.md and README say why), so the shape-change check is the crafted one above."""
+    from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids, load_model
     from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
     from spec_fast.selector_training import load_selector
 
     model, tokenizer = load_model()
     net, _ = load_selector(DEFAULT_SELECTOR_WEIGHTS)
-    decoder = SpeculativeDecoder(model, ModelDrafter(load_distilled(model)), parse_strategy("nde"),
+    decoder = SpeculativeDecoder(model, load_drafter("rnn", model), parse_strategy("nde"),
                                  selector=NdeSelector(net, LATENCY))
     prompt = chat_prompt_ids(tokenizer, "Name three colours of the rainbow.")
     result = decoder.generate([prompt], max_new_tokens=12)
