@@ -51,10 +51,11 @@ class ContextCycleNet(SelectorNet):
 
     def forward(self, features: RootFeatures) -> torch.Tensor:
         lengths = features.scalars[:, SCALAR_FEATURES.index("context_length")].long()
-        logits = torch.zeros(features.batch_size, self.config.num_actions)
+        # every other action far below: the selector sums the policy over the actions of one tree
+        logits = torch.full((features.batch_size, self.config.num_actions), -30.0)
         index = {a: i for i, a in enumerate(self.config.actions)}
         for b, n in enumerate(lengths.tolist()):
-            logits[b, index[CYCLE[n % len(CYCLE)]]] = 1.0
+            logits[b, index[CYCLE[n % len(CYCLE)]]] = 0.0
         return logits
 
 

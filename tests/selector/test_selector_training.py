@@ -29,7 +29,8 @@ ACTIONS = action_space(2, 1, 1)  # 8 actions
 
 
 def _synthetic(n: int = 60, seed: int = 0) -> SelectorData:
-    """Roots whose best action is 1 or 6 depending on a sign that the first scalar and the hidden states carry."""
+    """Roots whose best action is 1 (the chain (1, 0, 1)) or 5 (the i.i.d. pair (2, 0, 1)) depending on a sign
+    that the first scalar and the hidden states carry (distinct trees: the selector decodes trees)."""
     g = torch.Generator().manual_seed(seed)
     scalars = torch.rand(n, len(SCALAR_FEATURES), generator=g, dtype=torch.float64)
     scalars[:, SCALAR_FEATURES.index("temperature")] = torch.tensor([0.6, 1.0])[torch.arange(n) % 2]
@@ -38,7 +39,7 @@ def _synthetic(n: int = 60, seed: int = 0) -> SelectorData:
     scalars[:, 0] = sign * (1 + scalars[:, 0])
     eff = 1.0 + torch.rand(n, len(ACTIONS), generator=g, dtype=torch.float64) * 0.2
     eff[sign > 0, 1] += 2.0
-    eff[sign < 0, 6] += 1.0
+    eff[sign < 0, 5] += 1.0
     latency = torch.ones(n, len(ACTIONS), dtype=torch.float64)
     hidden = [0.3 * torch.randn(n, width, generator=g) + sign.float().unsqueeze(1) for width in (6, 5, 5)]
     return SelectorData(hidden[0], hidden[1], hidden[2], scalars, eff, latency, torch.arange(n) // 3, ACTIONS,
