@@ -1,24 +1,25 @@
-"""NDE (``--strategy nde:<verifier>``) vs the best static delayed tree vs Traversal, SmolLM2-135M-Instruct + distilled draft.
+"""NDE (``--strategy nde:<verifier>``) vs plain decoding vs the best static delayed tree vs Traversal, SmolLM2-135M-Instruct.
 
-    python bench/selector.py            # full: 5 OT verifiers x 4 settings, 4 held-out prompts x 24 tokens
+    python bench/selector.py            # full: 5 OT verifiers x 4 settings, 4 held-out prompts x 32 tokens
     python bench/selector.py --quick    # specinfer, one setting, one prompt x 16 tokens
 
-For every sampling setting (T, top-p) in {0.6, 1.0} x {0.9, 1.0} and every OT verifier (specinfer, spectr,
-khisti, naive_tree, nss) three decoders run on the same held-out prompts (spec_fast.drafts.prompts
-.HELDOUT_PROMPTS, never used by the dataset or the training), interleaved prompt by prompt, same seed:
+Target: the lean float32 forward (spec_fast.lean), the one the selector's dataset was built and priced on;
+draft: the draft the committed selector was trained with (its weights' metadata; the ``rnn`` head). For
+every sampling setting (T, top-p) in {0.6, 1.0} x {0.9, 1.0} these decoders run on the same held-out
+prompts (spec_fast.drafts.prompts.HELDOUT_PROMPTS, never used by the dataset or the training), same seed:
 
-* ``NDE``: ``nde:<verifier>`` with the committed selector (spec_fast/weights/selector.safetensors) and a
-  latency model measured by the warm-up microbenchmark at the start of this run (spec_fast.latency);
-* ``static``: ``delayed:K,L1,L2/<verifier>`` at the setting's best static action on the *training* roots of
-  the selector dataset (spec_fast.selector_training.static_baselines; the dataset holds SpecInfer targets
-  only, so every verifier gets SpecInfer's best static shape); an action with L2 = 0 runs as a chain;
-* ``Traversal``: Traversal at the same static shape (no Traversal targets in the dataset, so its own best
-  shape is not estimated here; one run per setting).
+* ``AR``: plain decoding (one target pass per token, no draft) -- the action (K, 0, 0) of eq. (8);
+* ``NDE``: ``nde:<verifier>`` with the committed selector (spec_fast/weights/selector.safetensors);
+* ``static``: ``delayed:K,L1,L2/<verifier>`` at the setting's best static *tree* (the best action that drafts)
+  on the training roots of the selector dataset (SpecInfer targets, so every verifier gets SpecInfer's
+  shape); an action with L2 = 0 runs as a chain;
+* ``Traversal``: Traversal at the same static tree (no Traversal targets in the dataset).
 
-Block efficiency (generated tokens / target passes) and tokens per second are summed over prompts per
-configuration; ratios are taken within this run. Also recorded: the selector's own cost per step
-(``selector_ms``) and the histogram of chosen actions. Writes bench/results/selector.{json,md,png} in the
-layout of seed 002 (docs/papers.md) tables 4-7.
+Configurations run prompt by prompt in the order A B C ... then ... C B A on the next prompt (so drift of
+the shared machine's load hits every configuration alike). Block efficiency (generated tokens / target
+passes) and tokens per second are summed over prompts per configuration; ratios are taken within this
+run. Also recorded: the selector's own cost per step (``selector_ms``) and the histogram of chosen actions.
+Writes bench/results/selector.{json,md,png} in the layout of seed 002 (docs/papers.md) tables 4-7.
 """
 
 from __future__ import annotations
@@ -37,13 +38,12 @@ import torch  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from bench._git import git_commit  # noqa: E402
-from spec_fast.drafts.heads import load_distilled  # noqa: E402
-from spec_fast.drafts.model import ModelDrafter  # noqa: E402
+from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
-from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
+from spec_fast.models import chat_prompt_ids, lean_model, load_model  # noqa: E402
 from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS, load_nde_selector  # noqa: E402
-from spec_fast.selector_training import load_dataset, split_by_prompt, static_baselines  # noqa: E402
+from spec_fast.selector_training import best_static_action, load_dataset, load_selector, split_by_prompt  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
 
 VERIFIERS = ("specinfer", "spectr", "khisti", "naive_tree", "nss")
@@ -51,11 +51,16 @@ SETTINGS = ((0.6, 0.9), (0.6, 1.0), (1.0, 0.9), (1.0, 1.0))
 DATASET = os.path.join("bench", "data", "selector_dataset.npz")
 
 
-def static_shapes(path: str) -> dict[tuple[float, float], tuple[int, int, int]]:
+def static_trees(path: str) -> tuple[dict[tuple[float, float], tuple[int, int, int]], tuple[int, int, int]]:
+    """Per setting, the best action that drafts on the dataset's training roots, and the best action overall."""
     data = load_dataset(path, "specinfer")
     train, _ = split_by_prompt(data)
-    # the dataset stores the settings among float features: round them back to the grid
-    return {(round(t, 3), round(p, 3)): data.actions[index] for (t, p), index in static_baselines(data, train).items()}
+    settings = data.settings()[train]
+    out: dict[tuple[float, float], tuple[int, int, int]] = {}
+    for t, p in sorted({(round(float(t), 3), round(float(p), 3)) for t, p in settings.tolist()}):
+        rows = train[(settings[:, 0].round(decimals=3) == t) & (settings[:, 1].round(decimals=3) == p)]
+        out[(t, p)] = data.actions[best_static_action(data, rows, speculative=True)]
+    return out, data.actions[best_static_action(data, train)]
 
 
 def static_spec(action: tuple[int, int, int]) -> str:
@@ -69,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 4, --quick 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 24, --quick 16")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 32, --quick 16")
     parser.add_argument("--verifiers", default=None, help=f"comma-separated (default {','.join(VERIFIERS)})")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dataset", default=DATASET)
     parser.add_argument("--selector", default=DEFAULT_SELECTOR_WEIGHTS)
@@ -80,47 +84,49 @@ def main(argv: list[str] | None = None) -> int:
     verifiers = tuple(args.verifiers.split(",")) if args.verifiers else (("specinfer",) if args.quick else VERIFIERS)
     settings = SETTINGS[:1] if args.quick else SETTINGS
     n_prompts = args.prompts or (1 if args.quick else 4)
-    new_tokens = args.max_new_tokens or (16 if args.quick else 24)
+    new_tokens = args.max_new_tokens or (16 if args.quick else 32)
     bad = [v for v in verifiers if v not in VERIFIERS]
     if bad or not os.path.exists(args.dataset):
         print(f"error: unknown verifiers {bad}" if bad else f"error: no dataset at {args.dataset}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     start = time.perf_counter()
-    target, tokenizer = load_model(device=args.device)
-    drafter = ModelDrafter(load_distilled(target).to(device))
+    hf_target, tokenizer = load_model()
+    target = lean_model(hf_target)
+    _, selector_meta = load_selector(args.selector)
+    draft_name = json.loads(selector_meta.get("dataset_header", "{}")).get("draft", "rnn").split()[0]
+    drafter = load_drafter(draft_name, hf_target)  # trained drafts are built from the HF model's modules
     warm = time.perf_counter()
-    selector = load_nde_selector(target, drafter, args.selector, latency_cache=None, device=device)
+    selector = load_nde_selector(target, drafter, args.selector, latency_cache=None)
     warmup_s = time.perf_counter() - warm
-    shapes = static_shapes(args.dataset)
+    trees, best_overall = static_trees(args.dataset)
     prompts = [chat_prompt_ids(tokenizer, text) for text in HELDOUT_PROMPTS[:n_prompts]]
     eos = tokenizer.eos_token_id
-    decoders: dict[tuple[str, float, float], SpeculativeDecoder] = {}
-    configs: list[tuple[str, str, float, float]] = []  # (kind, verifier, T, top-p)
+    decoders: dict[tuple[str, str, float, float], SpeculativeDecoder] = {}
     for temperature, top_p in settings:
-        shape = static_spec(shapes[(temperature, top_p)])
+        shape = static_spec(trees[(temperature, top_p)])
+        decoders[("ar", "ar", temperature, top_p)] = SpeculativeDecoder(target, None, parse_strategy("ar"))
         for verifier in verifiers:
-            decoders[(f"nde/{verifier}", temperature, top_p)] = SpeculativeDecoder(
+            decoders[("nde", verifier, temperature, top_p)] = SpeculativeDecoder(
                 target, drafter, parse_strategy(f"nde:{verifier}"), selector=selector)
             static_verifier = verifier if shape.startswith("delayed") else "naive"
-            decoders[(f"static/{verifier}", temperature, top_p)] = SpeculativeDecoder(
-                target, drafter, parse_strategy(shape, static_verifier if shape != "ar" else None))
-            configs += [("nde", verifier, temperature, top_p), ("static", verifier, temperature, top_p)]
-        decoders[("traversal", temperature, top_p)] = SpeculativeDecoder(
-            target, drafter, parse_strategy(shape, "traversal" if shape != "ar" else None))
-        configs.append(("traversal", "traversal", temperature, top_p))
+            decoders[("static", verifier, temperature, top_p)] = SpeculativeDecoder(
+                target, drafter, parse_strategy(shape, static_verifier))
+        decoders[("traversal", "traversal", temperature, top_p)] = SpeculativeDecoder(
+            target, drafter, parse_strategy(shape, "traversal"))
+    configs = list(decoders)
     # warm every code path once (first calls pay lazy imports and allocator growth)
-    SpeculativeDecoder(target, drafter, parse_strategy("nde")).generate([prompts[0]], 4, SamplingParams(1.0, seed=0))
+    for config in configs[: 2 + len(verifiers) * 2]:
+        decoders[config].generate([prompts[0]], 4, SamplingParams(1.0, seed=0))
     totals: dict[tuple[str, str, float, float], dict[str, Any]] = {
         c: {"tokens": 0, "passes": 0, "seconds": 0.0, "selector_s": 0.0, "selector_steps": 0, "actions": {}}
         for c in configs}
     for p_index, prompt in enumerate(prompts):
-        for turn, config in enumerate(configs):
+        order = configs if p_index % 2 == 0 else configs[::-1]
+        for config in order:
             kind, verifier, temperature, top_p = config
-            key = (f"{kind}/{verifier}" if kind != "traversal" else "traversal", temperature, top_p)
             sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=1000 + p_index)
-            metrics = decoders[key].generate([prompt], new_tokens, sampling, eos_token_id=eos).metrics
+            metrics = decoders[config].generate([prompt], new_tokens, sampling, eos_token_id=eos).metrics
             total = totals[config]
             total["tokens"] += metrics.generated_tokens
             total["passes"] += metrics.target_passes
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, verifier, temperature, top_p = config
         rows.append({
             "kind": kind, "verifier": verifier, "temperature": temperature, "top_p": top_p,
-            "static_shape": list(shapes[(temperature, top_p)]), "tokens": total["tokens"], "target_passes": total["passes"],
+            "static_tree": list(trees[(temperature, top_p)]), "tokens": total["tokens"], "target_passes": total["passes"],
             "seconds": round(total["seconds"], 3),
             "block_efficiency": total["tokens"] / max(total["passes"], 1),
             "tokens_per_s": total["tokens"] / total["seconds"] if total["seconds"] else 0.0,
@@ -147,20 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": "python bench/selector.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": git_commit(),
-        "hardware": f"{platform.processor() or platform.machine()}, {args.device}, {args.threads} torch thread(s) "
+        "hardware": f"{platform.processor() or platform.machine()}, cpu, {args.threads} torch thread(s) "
                     "(shared 2-core machine)",
-        "models": "SmolLM2-135M-Instruct (target) + distilled draft (spec_fast/weights/distilled.safetensors)",
+        "models": f"SmolLM2-135M-Instruct (target, lean float32 forward) + {draft_name} draft "
+                  f"(spec_fast/weights/{draft_name}.safetensors)",
         "selector": os.path.relpath(args.selector), "dataset": args.dataset,
-        "static shapes (training split, SpecInfer targets)": json.dumps({f"T={t},top-p={p}": list(a) for (t, p), a in shapes.items()}),
+        "best static action overall (training split)": json.dumps(list(best_overall)),
+        "static trees (training split, SpecInfer targets)": json.dumps({f"T={t},top-p={p}": list(a) for (t, p), a in trees.items()}),
         "workload": f"{n_prompts} held-out prompt(s) x {new_tokens} new tokens per configuration, interleaved",
-        "latency model (warm-up of this run)": json.dumps(selector.latency.to_json()["draft"]) + " draft, "
-                                               + json.dumps(selector.latency.to_json()["target"]) + " target",
-        "warm-up seconds": round(warmup_s, 1), "total seconds": round(time.perf_counter() - start, 1),
+        "latency model of the selector's features": json.dumps(selector.latency.to_json()),
+        "latency warm-up seconds": round(warmup_s, 1), "total seconds": round(time.perf_counter() - start, 1),
     }
     table = tables(rows, verifiers, settings)
     write_results(args.out, "selector" if not args.quick else "selector_quick",
-                  "NDE selector vs best static shape vs Traversal (seed 002 tables 4-7 layout)", meta, rows, table,
-                  lambda plt: plot(plt, rows))
+                  "NDE selector vs plain decoding vs the best static tree vs Traversal (seed 002 tables 4-7 layout)",
+                  meta, rows, table, lambda plt: plot(plt, rows))
     return 0
 
 
@@ -175,33 +182,36 @@ def tables(rows: list[dict[str, Any]], verifiers: tuple[str, ...], settings: tup
     rule = "|---" * (len(heads) + 2) + "|"
     out: list[str] = []
 
-    def ratio_table(title: str, field: str) -> None:
+    def line(label: str, values: list[float], digits: int) -> str:
+        return f"| {label} | " + " | ".join(f"{x:.{digits}f}" for x in values) + f" | {sum(values) / len(values):.{digits}f} |"
+
+    def ratio_table(title: str, field: str, reference: str) -> None:
         out.extend([f"## {title}", "", header, rule])
         for v in verifiers:
-            values = [_get(rows, "nde", v, s)[field] / _get(rows, "static", v, s)[field] for s in settings]
-            out.append(f"| {v} NDE | " + " | ".join(f"{x:.3f}" for x in values) + f" | {sum(values) / len(values):.3f} |")
+            kind, name = ("ar", "ar") if reference == "ar" else ("static", v)
+            out.append(line(f"{v} NDE", [_get(rows, "nde", v, s)[field] / _get(rows, kind, name, s)[field]
+                                         for s in settings], 3))
         out.append("")
 
     def absolute_table(title: str, field: str) -> None:
         out.extend([f"## {title}", "", header, rule])
-        values = [_get(rows, "traversal", "traversal", s)[field] for s in settings]
-        out.append("| Traversal (static shape) | " + " | ".join(f"{x:.2f}" for x in values) + f" | {sum(values) / len(values):.2f} |")
+        out.append(line("AR (plain decoding)", [_get(rows, "ar", "ar", s)[field] for s in settings], 2))
+        out.append(line("Traversal (static tree)", [_get(rows, "traversal", "traversal", s)[field] for s in settings], 2))
         for kind in ("nde", "static"):
             for v in verifiers:
-                values = [_get(rows, kind, v, s)[field] for s in settings]
-                label = f"{v} NDE" if kind == "nde" else f"{v} static"
-                out.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in values) + f" | {sum(values) / len(values):.2f} |")
+                out.append(line(f"{v} {'NDE' if kind == 'nde' else 'static tree'}",
+                                [_get(rows, kind, v, s)[field] for s in settings], 2))
         out.append("")
 
-    ratio_table("Table 4 layout: block efficiency ratio, NDE / best static shape (same verifier)", "block_efficiency")
-    ratio_table("Table 5 layout: throughput (tok/s) ratio, NDE / best static shape (same verifier)", "tokens_per_s")
+    ratio_table("Table 4 layout: block efficiency ratio, NDE / best static tree (same verifier)", "block_efficiency", "static")
+    ratio_table("Table 5 layout: throughput (tok/s) ratio, NDE / best static tree (same verifier)", "tokens_per_s", "static")
+    ratio_table("Throughput (tok/s) ratio, NDE / plain decoding (the best static action)", "tokens_per_s", "ar")
     absolute_table("Table 6 layout: block efficiency", "block_efficiency")
     absolute_table("Table 7 layout: throughput (tokens per second)", "tokens_per_s")
-    out.extend(["## NDE vs Traversal (tok/s ratio, NDE / Traversal)", "", header, rule])
+    out.extend(["## NDE vs Traversal (tok/s ratio, NDE / Traversal at the static tree)", "", header, rule])
     for v in verifiers:
-        values = [_get(rows, "nde", v, s)["tokens_per_s"] / _get(rows, "traversal", "traversal", s)["tokens_per_s"]
-                  for s in settings]
-        out.append(f"| {v} NDE | " + " | ".join(f"{x:.3f}" for x in values) + f" | {sum(values) / len(values):.3f} |")
+        out.append(line(f"{v} NDE", [_get(rows, "nde", v, s)["tokens_per_s"] / _get(rows, "traversal", "traversal", s)["tokens_per_s"]
+                                     for s in settings], 3))
     out.extend(["", "## Selector cost and chosen actions", "", "| verifier | setting | selector ms/step | actions (K,L1,L2): steps |",
                 "|---|---|---|---|"])
     for v in verifiers:
@@ -222,11 +232,10 @@ def plot(plt: Any, rows: list[dict[str, Any]]) -> Any:
     left.set_xticks(range(len(names)), [f"({a})" for a in names], rotation=45)
     left.set_title("NDE: chosen actions (K, L1, L2), all runs")
     left.set_ylabel("steps")
-    kinds = [("traversal", "traversal")] + [(k, r["verifier"]) for r in rows if r["kind"] == "nde" for k in ("nde", "static")]
     labels, values = [], []
-    for kind, verifier in dict.fromkeys(kinds):
+    for kind, verifier in dict.fromkeys((r["kind"], r["verifier"]) for r in rows):
         picked = [r["tokens_per_s"] for r in rows if r["kind"] == kind and r["verifier"] == verifier]
-        labels.append(f"{verifier} {kind}" if kind != "traversal" else "traversal")
+        labels.append(kind if kind in ("ar", "traversal") else f"{verifier} {kind}")
         values.append(sum(picked) / len(picked))
     right.barh(range(len(labels)), values)
     right.set_yticks(range(len(labels)), labels)

@@ -10,15 +10,30 @@ Here those times are *measured at run time* (never hard-coded):
    ``w`` block entries (the width of a draft level or of a target pass over a tree) behind that context,
    dropping them after each pass. One untimed pass warms the model up first; each point is the median of
    ``repeats`` timings.
-2. :func:`fit_pass_time` fits ``time(c, w) = intercept + per_width * (w - 1) + per_context * c`` by
-   non-negative least squares: every coefficient >= 0, so the fit is monotone in both arguments, and the
-   intercept is floored at a positive value, so every time is positive.
+2. :func:`fit_pass_table` fits ``time(c, w) = base(w) + per_context * c`` with one ``base`` value per measured
+   width (non-negative least squares), linear between measured widths and along the last segment's slope
+   beyond them, and takes the running maximum over widths so a wider pass never costs less. Why a table:
+   on a CPU the cost of a pass is far from linear in its width (a pass over 2 tokens costs 1.4-1.7x one
+   over 1, a pass over 8 about 3x: matrix-vector against matrix-matrix products, measured in
+   bench/results/target_cost.md and bench/results/selector_train.md), and a straight line through widths
+   1..41 priced the second token at a fraction of its cost, which made speculation look cheaper than it
+   was. :func:`fit_pass_time` (the linear law ``intercept + per_width (w - 1) + per_context c``, every
+   coefficient >= 0) still reads older cached models.
 3. :class:`LatencyModel` turns the two fits into eq. (11)'s one-argument time functions at a root of length
    ``l`` (:meth:`LatencyModel.time_models`): ``t_q(x)`` = one draft pass of width 1 at context ``x``;
    ``t_p(x)`` = one target pass at context ``l`` over ``x - l + 1`` entries (the root and the drafted
    tree), which is what eq. (11)'s argument ``l + L1 + K L2`` means for the target. Eq. (11)'s draft terms
-   carry no width, so a branch level of ``K`` entries is priced as a width-1 pass (a draft level's cost
-   hardly depends on ``K <= 4``; the fit's ``per_width`` says by how much).
+   carry no width, so a branch level of ``K`` entries is priced as a width-1 pass.
+4. :meth:`LatencyModel.step_time` prices an action the way the engine runs an NDE step, which is what the
+   dataset's T_hat uses: eq. (11)'s terms, but every branch level after the branch point drafts ``K``
+   entries (a draft pass over 4 entries, with their laws, costs about twice one over 1 here), and a plain
+   step (``L1 + L2 = 0``) still pays one draft pass at the root, which the selector's features read
+   (seed 002 footnote 4: the draft runs on the root anyway). :meth:`LatencyModel.latency_table` stays eq.
+   (11) verbatim (:func:`spec_ref.selector.latency_table`).
+
+   It also adds the decoding operator G on every row the step draws from or verifies (:func:`engine_law`,
+   timed per row by :func:`measure_law_time`): G sorts the vocabulary, about 6 ms per row at V = 49152 on
+   this CPU, so an extra node costs a law as well as a wider pass.
 
 :func:`load_or_measure` caches a model in a JSON file keyed by machine, device, thread count, model names
 and dtype (:func:`cache_key`), so a warm-up is re-run only on another machine or configuration.
@@ -32,18 +47,19 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from spec_fast.decoding import decoding_operator
 from spec_fast.drafts.model import Drafter
 from spec_ref.selector import Action, latency_table
 
-__all__ = ["PassTime", "PassTimeFit", "LatencyModel", "measure_pass_times", "fit_pass_time", "measure_latency",
-           "cache_key", "load_or_measure"]
+__all__ = ["PassTime", "PassTimeFit", "PassTimeTable", "PassTimeModel", "LatencyModel", "TARGET_WIDTHS",
+           "engine_law", "measure_pass_times", "measure_law_time", "fit_pass_time", "fit_pass_table", "measure_latency", "cache_key", "load_or_measure"]
 
 #: Smallest intercept a fit may have (seconds): keeps every modelled time positive.
 MIN_INTERCEPT = 1e-6
@@ -81,12 +97,59 @@ class PassTimeFit:
 
 
 @dataclass(frozen=True)
-class LatencyModel:
-    """Draft and target pass-time fits of one machine/configuration (module docstring)."""
+class PassTimeTable:
+    """``time(context, width) = base(width) + per_context * context`` (seconds); ``base`` is linear between the
+    measured ``widths`` (ascending, the first is 1) and continues along the last segment beyond them."""
 
-    draft: PassTimeFit
-    target: PassTimeFit
+    widths: tuple[int, ...]
+    base: tuple[float, ...]
+    per_context: float
+
+    def __post_init__(self) -> None:
+        if not self.widths or self.widths[0] != 1 or any(b <= a for a, b in zip(self.widths, self.widths[1:])):
+            raise ValueError(f"widths must be ascending integers starting at 1, got widths={self.widths!r}")
+        if len(self.base) != len(self.widths):
+            raise ValueError(f"base must hold one time per width ({len(self.widths)}), got {len(self.base)}")
+        if not all(np.isfinite(b) and b > 0 for b in self.base) or any(b < a for a, b in zip(self.base, self.base[1:])):
+            raise ValueError(f"base times must be positive and non-decreasing, got base={self.base!r}")
+        if not (np.isfinite(self.per_context) and self.per_context >= 0):
+            raise ValueError(f"per_context must be finite and >= 0, got per_context={self.per_context!r}")
+
+    def __call__(self, context: int, width: int = 1) -> float:
+        if context < 0 or width < 1:
+            raise ValueError(f"need context >= 0 and width >= 1, got context={context}, width={width}")
+        base = float(np.interp(width, self.widths, self.base))
+        if width > self.widths[-1] and len(self.widths) > 1:
+            slope = (self.base[-1] - self.base[-2]) / (self.widths[-1] - self.widths[-2])
+            base = self.base[-1] + slope * (width - self.widths[-1])
+        return base + self.per_context * context
+
+
+PassTimeModel = Union[PassTimeFit, PassTimeTable]
+
+
+def _model_to_json(model: PassTimeModel) -> dict[str, Any]:
+    if isinstance(model, PassTimeTable):
+        return {"widths": list(model.widths), "base": list(model.base), "per_context": model.per_context}
+    return asdict(model)
+
+
+def _model_from_json(data: dict[str, Any]) -> PassTimeModel:
+    if "widths" in data:
+        return PassTimeTable(tuple(int(w) for w in data["widths"]), tuple(float(b) for b in data["base"]),
+                             float(data["per_context"]))
+    return PassTimeFit(**data)
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Draft and target pass-time models of one machine/configuration (module docstring)."""
+
+    draft: PassTimeModel
+    target: PassTimeModel
     key: str = ""
+    #: seconds of the decoding operator G per row (:func:`engine_law`), added by :meth:`step_time`
+    law_per_row: float = 0.0
 
     def draft_time(self, context_length: int) -> float:
         """``t_q(l)``: one draft pass (width 1) at context length ``l``."""
@@ -116,17 +179,45 @@ class LatencyModel:
         out: npt.NDArray[np.float64] = latency_table(context_length, actions, *self.time_models(context_length))
         return out
 
+    def step_time(self, context_length: int, action: Action) -> float:
+        """Eq. (11) priced as the engine runs an NDE step (module docstring, point 4)."""
+        k, l1, l2 = action
+        widths = [1] * l1 + [1 if j == 0 else k for j in range(l2)]  # the branch point's pass has one entry
+        total = sum(self.draft(context_length + j, w) for j, w in enumerate(widths))
+        if l1 + l2 == 0:  # the root's draft pass runs anyway (the features read it); no law is drawn from
+            total += self.draft(context_length, 1)
+        # G on every row a draft pass returns (each is drawn from) and on every target row (each is verified)
+        law_rows = sum(widths) + 1 + l1 + k * l2
+        return total + self.target(context_length, 1 + l1 + k * l2) + self.law_per_row * law_rows
+
+    def step_table(self, context_length: int, actions: Sequence[Action]) -> npt.NDArray[np.float64]:
+        """:meth:`step_time` of every action: ``[A]`` float64 (the dataset's T_hat)."""
+        return np.asarray([self.step_time(context_length, a) for a in actions], dtype=np.float64)
+
     def to_json(self) -> dict[str, Any]:
-        return {"draft": asdict(self.draft), "target": asdict(self.target), "key": self.key}
+        return {"draft": _model_to_json(self.draft), "target": _model_to_json(self.target), "key": self.key,
+                "law_per_row": self.law_per_row}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> LatencyModel:
-        return LatencyModel(PassTimeFit(**data["draft"]), PassTimeFit(**data["target"]), str(data.get("key", "")))
+        return LatencyModel(_model_from_json(data["draft"]), _model_from_json(data["target"]), str(data.get("key", "")),
+                            float(data.get("law_per_row", 0.0)))
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def engine_law(logits: torch.Tensor) -> torch.Tensor:
+    """The decoding operator G on every row of ``logits [B, W, V]`` (T = 1, top-p 0.9), as the engine applies
+    it to every target and draft row it verifies or samples from; its cost does not depend on the setting
+    (one full sort per row)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = flat.shape[0]
+    return decoding_operator(flat, torch.ones(rows, dtype=torch.float64, device=flat.device),
+                             torch.zeros(rows, dtype=torch.long, device=flat.device),
+                             torch.full((rows,), 0.9, device=flat.device), validate=False)
 
 
 @torch.no_grad()
@@ -190,32 +281,81 @@ def fit_pass_time(points: Sequence[PassTime]) -> PassTimeFit:
     return PassTimeFit(max(intercept, MIN_INTERCEPT), per_width, per_context)
 
 
+def fit_pass_table(points: Sequence[PassTime]) -> PassTimeTable:
+    """Non-negative least-squares fit of ``base(w) + per_context c`` (one ``base`` per measured width, which
+    must include 1), then the running maximum over widths (module docstring)."""
+    from scipy.optimize import nnls
+
+    if len(points) == 0:
+        raise ValueError("points must hold at least one measurement, got none")
+    widths = sorted({p.width for p in points})
+    if widths[0] != 1:
+        raise ValueError(f"the measured widths must include 1, got {widths}")
+    seconds = np.array([p.seconds for p in points])
+    if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
+        raise ValueError(f"measured seconds must be positive, got {seconds.tolist()}")
+    column = {w: i for i, w in enumerate(widths)}
+    design = np.zeros((len(points), len(widths) + 1))
+    for row, p in enumerate(points):
+        design[row, column[p.width]] = 1.0
+        design[row, -1] = float(p.context)
+    coefficients, _ = nnls(design, seconds)
+    base = np.maximum.accumulate(np.maximum(coefficients[:-1], MIN_INTERCEPT))
+    return PassTimeTable(tuple(widths), tuple(float(b) for b in base), float(coefficients[-1]))
+
+
+#: Target widths of the warm-up: every width up to 8 (where a CPU's cost bends most), then eq. (11)'s
+#: trees up to ``1 + 8 + 4 * 8 = 41``
+TARGET_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 41)
+
+
 def measure_latency(
     target: Drafter,
     draft: Drafter,
     vocab_size: int,
     contexts: Sequence[int] = (64, 192, 384),
-    target_widths: Sequence[int] = (1, 5, 13, 25, 41),
-    draft_widths: Sequence[int] = (1, 2, 4),
+    target_widths: Sequence[int] = TARGET_WIDTHS,
+    draft_widths: Sequence[int] = (1, 2, 3, 4),
     repeats: int = 3,
     device: torch.device | str = "cpu",
     key: str = "",
 ) -> LatencyModel:
-    """The warm-up run: measure both models on the grid and fit them (a few seconds on SmolLM2, CPU).
-
-    The default target widths span eq. (11)'s trees, from the root alone to ``1 + 8 + 4 * 8 = 41``.
-    """
+    """The warm-up run: measure both models on the grid and fit a width table to each, and time the
+    decoding operator per row (:func:`measure_law_time`; module docstring; about a minute on SmolLM2 on
+    this CPU)."""
     target_points = measure_pass_times(target, vocab_size, contexts, target_widths, repeats, device)
     draft_points = measure_pass_times(draft, vocab_size, contexts, draft_widths, repeats, device)
-    return LatencyModel(fit_pass_time(draft_points), fit_pass_time(target_points), key)
+    return LatencyModel(fit_pass_table(draft_points), fit_pass_table(target_points), key,
+                        measure_law_time(vocab_size, device=device))
+
+
+@torch.no_grad()
+def measure_law_time(vocab_size: int, rows: int = 8, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Seconds per row of :func:`engine_law` over ``vocab_size`` logits (median of ``repeats``, ``rows`` rows each)."""
+    dev = torch.device(device)
+    logits = torch.randn(1, rows, vocab_size, generator=torch.Generator().manual_seed(0)).mul_(4).to(dev)
+    engine_law(logits)
+    timings = []
+    for _ in range(repeats):
+        _sync(dev)
+        start = time.perf_counter()
+        engine_law(logits)
+        _sync(dev)
+        timings.append((time.perf_counter() - start) / rows)
+    return float(statistics.median(timings))
+
+
+#: Version of the warm-up's model in :func:`cache_key` (2: width tables; 3-4: with the decoding operator's
+#: time per row, which version 3 lost on caching), so older cached models are re-measured
+LATENCY_VERSION = 4
 
 
 def cache_key(target_name: str, draft_name: str, dtype: str, device: torch.device | str = "cpu") -> str:
-    """``machine|arch|device|threads|target|draft|dtype``: what a cached latency model is valid for."""
+    """``machine|arch|device|threads|target|draft|dtype|version``: what a cached latency model is valid for."""
     dev = torch.device(device)
     hardware = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     return "|".join([platform.node(), platform.machine(), hardware, str(dev), f"threads={torch.get_num_threads()}",
-                     target_name, draft_name, dtype])
+                     target_name, draft_name, dtype, f"latency-v{LATENCY_VERSION}"])
 
 
 def load_or_measure(path: str | None, key: str, measure: Callable[[], LatencyModel], refresh: bool = False) -> LatencyModel:
@@ -231,8 +371,7 @@ def load_or_measure(path: str | None, key: str, measure: Callable[[], LatencyMod
             raise ValueError(f"{path} must hold a JSON object of latency models, got {type(entries).__name__}")
         if key in entries and not refresh:
             return LatencyModel.from_json(entries[key])
-    model = measure()
-    model = LatencyModel(model.draft, model.target, key)
+    model = replace(measure(), key=key)
     if path is not None:
         entries[key] = model.to_json()
         folder = os.path.dirname(os.path.abspath(path))

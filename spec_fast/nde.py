@@ -6,17 +6,18 @@ Each step of ``--strategy nde`` (:class:`~spec_fast.engine.SpeculativeDecoder`):
 2. :meth:`NdeSelector.choose` computes the appendix-E root features (:func:`spec_fast.selector.root_features`)
    from tensors the step already has -- no extra target pass (seed 002 footnote 4):
 
-   * ``h_prev^p``, ``p_prev``: the target's final hidden state and ``G(logits)`` at the token before the
-     root, from the previous verification pass (the accepted path's last slot) or, on the first step,
-     from the prefill;
+   * ``h_prev^p``, ``p_prev``: the target's final hidden state and law (:func:`spec_fast.selector.feature_law`
+     of its logits) at the token before the root, from the previous verification pass (the accepted
+     path's last slot) or, on the first step, from the prefill;
    * ``h_prev^q``, ``q_prev``: the draft's at the token before the root: from this step's pending forward
      when the drafter had that token pending, else the last entry it committed
      (:class:`HiddenRecorder`); ``h_cur^q``, ``q_root``: the draft's at the root (pending forward);
    * ``|x|``, temperature, top-p, and ``t_q(|x|)``, ``t_p(|x|)`` of the warm-up latency model
      (:mod:`spec_fast.latency`, measured on the machine in use);
 
-   runs :class:`~spec_fast.selector.SelectorNet` and takes ``argmax`` of the policy. A batch gets one
-   shape per step: the argmax of the policy probabilities averaged over the active rows (the delayed
+   runs :class:`~spec_fast.selector.SelectorNet` and takes the most probable tree (the policy summed over
+   the actions of each distinct tree, :meth:`~spec_fast.selector.SelectorNet.select`). A batch gets one
+   shape per step: the most probable tree of the policy averaged over the active rows (the delayed
    builder drafts one shape for the whole batch);
 3. the engine drafts that ``(K, L1, L2)`` delayed tree below the root logits of step 1 (L1 + L2 = 0: no
    draft token, a plain step) and verifies it with the strategy's OT verifier.
@@ -37,17 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.decoding import SamplingParams
 from spec_fast.drafting import DraftBatch, draft_delayed_tree, draft_root_only, pending_forward
 from spec_fast.drafts.model import Drafter
 from spec_fast.latency import LatencyModel
-from spec_fast.selector import SelectorNet, root_features
+from spec_fast.selector import SelectorNet, feature_law, root_features
 
 if TYPE_CHECKING:  # the engine imports this module
     from spec_fast.commit import HeadTrack
     from spec_fast.engine import DecodeState
 
-__all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector",
+__all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector", "stored_latency",
            "check_nde_drafter", "draft_nde"]
 
 DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
@@ -75,12 +76,18 @@ class HiddenRecorder(Drafter):
         self.inner = check_nde_drafter(inner)
         self.vocab_size = inner.vocab_size
         self.draft_hidden_size = inner.draft_hidden_size
+        # a trained head (rnn, eagle) advances from the verifier's hidden states: pass them through
+        self.wants_target_hidden = bool(getattr(inner, "wants_target_hidden", False))
         self.chunks: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (first entry, logits, hidden)
         self.last_logits: torch.Tensor | None = None
         self.last_hidden: torch.Tensor | None = None
 
     def begin(self, batch_size: int, device: torch.device) -> Any:
         return self.inner.begin(batch_size, device)
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        self.inner.observe_target(state, target_hidden, keep, counts)
 
     def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         base = self.inner.num_block(state)
@@ -132,13 +139,11 @@ class HiddenRecorder(Drafter):
 @dataclass(frozen=True)
 class NdeChoice:
     """One step's choice: the action ``(K, L1, L2)``, its index in the selector's action space, the
-    seconds the selector took, and the draft law at the root it computed."""
+    seconds the selector took."""
 
     action: tuple[int, int, int]
     index: int
     seconds: float
-    #: ``q_root [B, V]``: the draft law at the root, for the builder (computed once)
-    root_law: torch.Tensor | None = None
 
 
 class NdeSelector:
@@ -172,16 +177,15 @@ class NdeSelector:
         context_lengths: Sequence[int],
         active: Sequence[bool],
         sampling: SamplingParams,
-        draft_law: Callable[[torch.Tensor], torch.Tensor],
     ) -> NdeChoice:
-        """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring):
-        ``p = G(target logits)``, ``q = draft_law(draft logits)`` (the law the drafter samples from)."""
+        """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring): the laws
+        of the features are :func:`spec_fast.selector.feature_law` of the logits (no decoding operator)."""
         start = time.perf_counter()
         device = target_logits_prev.device
         batch = int(target_logits_prev.shape[0])
-        p_prev = sampling_probs(target_logits_prev, sampling)
-        q_prev = draft_law(draft_logits_prev.unsqueeze(1))[:, 0]
-        q_root = draft_law(draft_logits_root.unsqueeze(1))[:, 0]
+        p_prev = feature_law(target_logits_prev, sampling.temperature)
+        q_prev = feature_law(draft_logits_prev, sampling.temperature)
+        q_root = feature_law(draft_logits_root, sampling.temperature)
         lengths = [int(n) for n in context_lengths]
 
         def column(values: Sequence[float]) -> torch.Tensor:
@@ -193,31 +197,52 @@ class NdeSelector:
             column([sampling.top_p] * batch), column([self.latency.draft_time(n) for n in lengths]),
             column([self.latency.target_time(n) for n in lengths]), validate=False,
         )
-        policy = torch.softmax(self.net(features).float(), dim=-1)  # [B, A]
+        policy = self.net.tree_probs(self.net(features))  # [B, trees]
         rows = torch.tensor([b for b in range(batch) if active[b]] or [0], device=device)
-        index = int(policy.index_select(0, rows).mean(dim=0).argmax())
-        return NdeChoice(self.actions[index], index, time.perf_counter() - start, q_root)
+        index = int(self.net.representative(policy.index_select(0, rows).mean(dim=0).argmax()))
+        return NdeChoice(self.actions[index], index, time.perf_counter() - start)
+
+
+def stored_latency(metadata: dict[str, str], key: str) -> LatencyModel | None:
+    """The latency model the selector's training data was built with (in the weights' metadata), if it was
+    measured on this machine, device and thread count with this warm-up version (``key``: a
+    :func:`spec_fast.latency.cache_key`); else None."""
+    import json
+
+    stored = json.loads(metadata.get("dataset_header", "{}")).get("latency_model")
+    if not isinstance(stored, dict):
+        return None
+    model = LatencyModel.from_json(stored)
+    have, want = model.key.split("|"), key.split("|")
+    return model if len(have) == len(want) and have[:5] == want[:5] and have[-1] == want[-1] else None
 
 
 def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
-                      latency_cache: str | None = "default", device: torch.device | str = "cpu") -> NdeSelector:
+                      latency_cache: str | None = "default", device: torch.device | str = "cpu",
+                      prefer_stored: bool = True) -> NdeSelector:
     """The committed selector weights (``path``, default :data:`DEFAULT_SELECTOR_WEIGHTS`) and a latency
-    model measured on this machine by the warm-up microbenchmark (cached per machine/configuration in
-    ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always measures)."""
+    model for the features ``t_q(|x|)``, ``t_p(|x|)``: with ``prefer_stored``, the one the training data
+    was built with when that was measured on this machine (:func:`stored_latency`; the dataset comes from
+    one machine, so the policy only ever saw that model's values, and a fresh warm-up under another load
+    would shift two standardised features); else one measured here by the warm-up microbenchmark (cached
+    per machine/configuration in ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always
+    measures)."""
     from spec_fast.drafts.model import ModelDrafter
     from spec_fast.latency import cache_key, load_or_measure, measure_latency
     from spec_fast.selector_training import load_selector
 
     check_nde_drafter(drafter)
-    net, _ = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
+    net, metadata = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
     if latency_cache == "default":
         latency_cache = os.path.join(os.path.expanduser("~"), ".cache", "spec_verify", "latency.json")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     name = str(getattr(target.config, "_name_or_path", "") or type(target).__name__)
     key = cache_key(name, type(drafter).__name__ + f"/{drafter.draft_hidden_size}",
                     str(next(target.parameters()).dtype), device)
-    latency = load_or_measure(latency_cache, key,
-                              lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
+    latency = stored_latency(metadata, key) if prefer_stored else None
+    if latency is None:
+        latency = load_or_measure(latency_cache, key,
+                                  lambda: measure_latency(ModelDrafter(target), drafter, vocab, device=device))
     return NdeSelector(net.to(device), latency)
 
 
@@ -248,7 +273,7 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
     target_logits_prev, target_hidden_prev = st.nde_previous
     choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
                              draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
-                             st.sampling, draft_law)
+                             st.sampling)
     metrics = st.metrics
     metrics.selector_s += choice.seconds
     metrics.selector_steps += 1
@@ -261,5 +286,4 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
         plain = draft_root_only(st.roots, "iid", device)
         return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
     return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
-                              draft_law, st.generator, device, root=(root_logits, width),
-                              root_law=None if choice.root_law is None else choice.root_law.unsqueeze(1))
+                              draft_law, st.generator, device, root=(root_logits, width))

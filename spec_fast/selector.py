@@ -13,8 +13,12 @@ network of seed 002 (docs/papers.md) eq. (10) and the features of its appendix E
     temperature, top-p, and the latency estimates ``t_q(|x|)``, ``t_p(|x|)`` of one draft and one target
     pass (eq. 11's time model, :mod:`spec_fast.latency`).
 
-  ``p_prev`` / ``q_prev`` are the target / draft next-token laws at the token before the root (the laws
-  the verifier compared there, i.e. after the decoding operator G), ``q_root`` the draft law at the root.
+  ``p_prev`` / ``q_prev`` are the target / draft next-token laws at the token before the root, ``q_root``
+  the draft law at the root, each the *tempered softmax* ``softmax(logits / T)`` (:func:`feature_law`;
+  ``softmax(logits)`` at T = 0), not the decoding operator G that the verifier applies. Why: G sorts the
+  whole vocabulary for top-p (about 7 ms per law at V = 49152 on this CPU, three laws per step, against
+  0.05 ms for a softmax), and a feature only has to be a function of the committed context; the
+  truncation G adds is itself a function of this softmax and of top-p, which is a feature.
   Zeros: ``0 log 0 = 0`` in entropies and KL terms. A KL whose first law puts mass where the second has
   none is ``+inf``; appendix E does not say how the paper handles it, and truncated laws (top-p, a draft
   on a vocabulary subset) make it the common case, so the divergence is taken against the second law
@@ -24,7 +28,11 @@ network of seed 002 (docs/papers.md) eq. (10) and the features of its appendix E
 * :class:`SelectorNet` -- eq. (10): one linear projection per hidden-state block to ``d = 128``, each
   followed by LayerNorm, concatenated with the standardised scalars, then an MLP with hidden layers of 512
   and 32 units, GELU and dropout, and one logit per action of eq. (8) (:func:`spec_ref.selector.action_space`
-  order).
+  order). Eq. (8) lists one tree under several actions (every chain and the plain step several times;
+  :func:`tree_groups`: 324 actions, 233 trees), so the selector decodes the most probable *tree*, the
+  policy summed over its actions (:meth:`SelectorNet.select`), not the most probable action: a policy
+  that puts 0.6 on the chain of one token spread over its five actions would otherwise lose the argmax to
+  a plain step's 0.4 spread over four.
 * :func:`selector_loss` -- eq. (12) with the regression penalty, equal to
   :func:`spec_ref.selector.selector_loss` (tested in float64); :func:`policy_throughput` (eq. 4) and
   :func:`action_throughput` mirror their reference namesakes.
@@ -43,6 +51,7 @@ from spec_ref.selector import action_space
 __all__ = [
     "SCALAR_FEATURES",
     "KL_FLOOR",
+    "feature_law",
     "entropy",
     "kl_divergence",
     "l1_distance",
@@ -50,6 +59,8 @@ __all__ = [
     "root_features",
     "SelectorConfig",
     "SelectorNet",
+    "tree_key",
+    "tree_groups",
     "policy_throughput",
     "action_throughput",
     "SelectorLoss",
@@ -73,6 +84,15 @@ SCALAR_FEATURES: tuple[str, ...] = (
 
 #: Floor of the second law inside a KL divergence (module docstring): ``log(1 / KL_FLOOR) ~ 20.7`` nats.
 KL_FLOOR = 1e-9
+
+
+def feature_law(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The law a feature reads (module docstring): ``softmax(logits / T)`` over the last axis in float32,
+    ``softmax(logits)`` at ``T = 0``; ``-inf`` logits (a draft's vocabulary subset) get probability 0."""
+    t = float(temperature)
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"temperature must be finite and >= 0, got temperature={temperature!r}")
+    return torch.softmax(logits.float() / (t if t > 0 else 1.0), dim=-1)
 
 
 def _check_probs(probs: torch.Tensor, name: str) -> None:
@@ -214,6 +234,28 @@ def root_features(
 # ========================================================================================================
 # The policy network (eq. 10)
 # ========================================================================================================
+def tree_key(action: tuple[int, int, int]) -> tuple[int, ...]:
+    """The tree an action drafts: eq. (8) lists one tree under several actions (a chain of n tokens is
+    ``(1, L1, n - L1)`` for every L1 and ``(K, n, 0)`` for every K; no draft at all is every ``(K, 0, 0)``)."""
+    k, l1, l2 = action
+    return (1, l1 + l2) if k == 1 or l2 == 0 else (k, l1, l2)
+
+
+def tree_groups(actions: tuple[tuple[int, int, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(group [A], first [G])``: the distinct tree of every action (numbered in order of first appearance)
+    and the first action of every tree."""
+    keys: dict[tuple[int, ...], int] = {}
+    group: list[int] = []
+    first: list[int] = []
+    for index, action in enumerate(actions):
+        key = tree_key(action)
+        if key not in keys:
+            keys[key] = len(first)
+            first.append(index)
+        group.append(keys[key])
+    return torch.tensor(group, dtype=torch.long), torch.tensor(first, dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class SelectorConfig:
     """Sizes of :class:`SelectorNet`. The action space is ``{1..max_branches} x {0..max_trunk} x
@@ -227,6 +269,8 @@ class SelectorConfig:
     max_branches: int = 4
     max_trunk: int = 8
     max_branch_length: int = 8
+    #: ``c > 0`` bounds the logits to ``c * tanh(z / c)`` (0 = off, eq. 10 as written); see SelectorNet
+    logit_cap: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("target_hidden_size", "draft_hidden_size", "projection_size"):
@@ -238,6 +282,8 @@ class SelectorConfig:
             raise ValueError(f"hidden_sizes must be two integers >= 1, got hidden_sizes={self.hidden_sizes!r}")
         if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
             raise ValueError(f"dropout must lie in [0, 1), got dropout={self.dropout!r}")
+        if not (isinstance(self.logit_cap, (int, float)) and math.isfinite(self.logit_cap) and self.logit_cap >= 0):
+            raise ValueError(f"logit_cap must be finite and >= 0, got logit_cap={self.logit_cap!r}")
         action_space(self.max_branches, self.max_trunk, self.max_branch_length)  # validates the three bounds
 
     @property
@@ -254,6 +300,12 @@ class SelectorNet(nn.Module):
 
     ``s(x) = (scalars - scalar_mean) / scalar_std`` with buffers set by :meth:`set_standardization` from
     the training data (saved with the weights). ``forward(features) -> logits [B, A]``.
+
+    ``config.logit_cap = c > 0`` returns ``c * tanh(z / c)``. Why: eq. (12)'s ratio of policy averages
+    drives a free softmax onto the baseline action within a few hundred steps (logit gaps near 30, measured
+    on bench/data/selector_dataset.npz), where every other action's gradient, proportional to its
+    probability, vanishes and the net can no longer fit even its training roots; bounded logits keep every
+    action's probability above ``exp(-2c) / A``.
     """
 
     def __init__(self, config: SelectorConfig) -> None:
@@ -269,6 +321,9 @@ class SelectorNet(nn.Module):
         num_scalars = len(SCALAR_FEATURES)
         self.register_buffer("scalar_mean", torch.zeros(num_scalars))
         self.register_buffer("scalar_std", torch.ones(num_scalars))
+        group, first_action = tree_groups(config.actions)
+        self.register_buffer("tree_group", group, persistent=False)
+        self.register_buffer("tree_first", first_action, persistent=False)
         first, second = config.hidden_sizes
         self.mlp = nn.Sequential(
             nn.Linear(3 * d + num_scalars, first), nn.GELU(), nn.Dropout(config.dropout),
@@ -300,11 +355,28 @@ class SelectorNet(nn.Module):
             scalars,
         ]
         logits: torch.Tensor = self.mlp(torch.cat(parts, dim=-1))
+        cap = float(self.config.logit_cap)
+        if cap > 0:
+            logits = cap * torch.tanh(logits / cap)
         return logits
 
+    def tree_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, A]`` logits -> ``[B, G]`` probability of each distinct tree (:func:`tree_groups`): the policy
+        summed over the actions that draft the same tree."""
+        group: torch.Tensor = self.tree_group  # type: ignore[assignment]
+        probs = torch.softmax(logits.float(), dim=-1)
+        out = torch.zeros(probs.shape[0], int(group.max()) + 1, dtype=probs.dtype, device=probs.device)
+        return out.index_add_(1, group.to(probs.device), probs)
+
+    def representative(self, tree: torch.Tensor) -> torch.Tensor:
+        """Action indices (into ``config.actions``) of tree indices (the first action of each tree)."""
+        first: torch.Tensor = self.tree_first  # type: ignore[assignment]
+        return first.to(tree.device)[tree]
+
     def select(self, features: RootFeatures) -> torch.Tensor:
-        """``argmax_a pi(a | c)`` per root: ``[B]`` action indices into ``config.actions`` (no host sync)."""
-        return self.forward(features).argmax(dim=-1)
+        """The most probable tree per root (the policy summed over the actions of each distinct tree,
+        :func:`tree_groups`), as ``[B]`` action indices into ``config.actions`` (no host sync)."""
+        return self.representative(self.tree_probs(self.forward(features)).argmax(dim=-1))
 
 
 # ========================================================================================================

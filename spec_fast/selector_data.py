@@ -25,9 +25,23 @@ drafted, ``(P - q)_+ = P`` and ``min(p / rho, q) = 0`` on them, so every residua
 so they are merged into one bucket token (``V`` -> ``|supp q| + 1``). Khisti's pair LP ranks single tokens
 by ``p - q1 q2`` and keeps the top ``s``, which a bucket would change, so Khisti always runs on the full V.
 
-:func:`action_efficiencies` is the pure part (numpy, float64, tested against
-:func:`spec_ref.efficiency.expected_block_efficiency`); ``scripts/selector_dataset.py`` draws the shared
-trees with the real models and runs one target pass over their union per root.
+**Rao-Blackwellised targets** (``estimator="rao_blackwell"``, what the dataset uses). Eq. (3) sums the reach
+probabilities of every node; grouping the children by parent, ``E[tau + 1 | tree] = 1 + sum_u reach(u) *
+A_u(D_u)`` over the nodes ``u`` that have draws, where ``A_u(D_u) = sum_{t in D_u} B_u(t | D_u)`` is the
+probability that verification at ``u`` descends. Given the tree down to ``u`` and its number of draws
+``m_u``, the draws ``D_u`` are ``m_u`` fresh i.i.d. samples of ``q_u`` (Def. 5.2; the number of paths through a
+branch node is fixed by the tokens above it), so replacing ``A_u(D_u)`` by its expectation
+``P(Y in D_u) = Solver.acceptance(p_u, q_u, m_u)`` (seed 002 appendix C, spec_ref's closed forms) keeps the
+estimate unbiased for the expectation over drafts that eq. (3)'s selector wants, and lowers its variance
+(Rao-Blackwell): the last level of every tree is averaged exactly, so ``(K, 0, 1)`` is exact
+(``1 + P(Y in D_root)``) and only deeper levels still depend on the draw. Khisti's acceptance has no closed
+form (enumeration over ``V^m`` tuples), so Khisti nodes with ``m >= 2`` keep the realised ``A_u(D_u)``
+(still unbiased); with ``m = 1`` every OT solver is the single-draft rule, ``sum min(p, q)``.
+``estimator="realised"`` is eq. (3) on the drawn trees as they are (tested against
+:func:`spec_ref.efficiency.expected_block_efficiency`).
+
+:func:`action_efficiencies` is the pure part (numpy, float64); ``scripts/selector_dataset.py`` draws the
+shared trees with the real models and runs one target pass over their union per root.
 """
 
 from __future__ import annotations
@@ -42,10 +56,12 @@ import numpy.typing as npt
 from spec_ref.selector import action_space
 from spec_ref.verify import OT_METHODS, ot_solver
 
-__all__ = ["COMPRESSIBLE", "DelayedDraws", "delayed_tree_paths", "action_efficiencies"]
+__all__ = ["COMPRESSIBLE", "ESTIMATORS", "DelayedDraws", "delayed_tree_paths", "action_efficiencies"]
 
 #: Methods whose branching laws are unchanged by merging the tokens of draft mass 0 (module docstring).
 COMPRESSIBLE = ("nss", "naive_tree", "spectr", "specinfer")
+#: Estimators of :func:`action_efficiencies` (module docstring).
+ESTIMATORS = ("realised", "rao_blackwell")
 
 Prefix = tuple[int, ...]
 ProbabilityModel = Callable[[Prefix], Any]
@@ -90,14 +106,19 @@ def action_efficiencies(
     method: str,
     options: Mapping[str, Any] | None = None,
     compress: bool = True,
+    estimator: str = "realised",
 ) -> npt.NDArray[np.float64]:
     """``E[tau + 1 | tree(a)]`` (eq. 3) of every action's tree of one shared draw, ``[A]`` float64 in
     :func:`spec_ref.selector.action_space` order. ``target_model`` / ``draft_model``: prefix (tokens after
     the root) -> p / q ``[V]`` (float64) at every node that has draws; ``method``: an OT method of
     :mod:`spec_ref.verify` (nss, naive_tree, spectr, specinfer, khisti). ``compress``: merge the tokens of
-    draft mass 0 for the methods of :data:`COMPRESSIBLE` (module docstring; the result is the same)."""
+    draft mass 0 for the methods of :data:`COMPRESSIBLE` (module docstring; the result is the same).
+    ``estimator``: ``"realised"`` (eq. 3 on the drawn trees) or ``"rao_blackwell"`` (module docstring: the
+    same expectation over drafts, lower variance)."""
     if method not in OT_METHODS:
         raise ValueError(f"method must be one of the OT methods {OT_METHODS}, got method={method!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got estimator={estimator!r}")
     solver = ot_solver(method, dict(options or {}))
     plans: dict[tuple[Prefix, int], Any] = {}
     supports: dict[Prefix, npt.NDArray[np.int64] | None] = {}
@@ -119,6 +140,25 @@ def action_efficiencies(
         return np.append(p[kept], p[outside].sum()), np.append(q[kept], 0.0)
 
     laws: dict[tuple[Prefix, tuple[int, ...]], dict[int, float]] = {}
+    acceptances: dict[tuple[Prefix, int], float] = {}
+
+    def plan(prefix: Prefix, count: int) -> Any:
+        if (prefix, count) not in plans:
+            plans[(prefix, count)] = solver.plan(*compressed(prefix), count)
+        return plans[(prefix, count)]
+
+    def expected_acceptance(prefix: Prefix, count: int) -> float | None:
+        """``P(Y in D_u)`` for ``count`` fresh draws at ``prefix`` (None: Khisti with count >= 2)."""
+        if method == "khisti" and count >= 2:
+            return None
+        key = (prefix, count)
+        if key not in acceptances:
+            if method == "khisti":  # one draw: the single-draft rule (seed 002 footnote 2)
+                p, q = compressed(prefix)
+                acceptances[key] = float(np.minimum(p, q).sum())
+            else:
+                acceptances[key] = float(solver.acceptance_planned(plan(prefix, count)))
+        return acceptances[key]
 
     def law(prefix: Prefix, node_draws: tuple[int, ...]) -> dict[int, float]:
         key = (prefix, node_draws)
@@ -126,12 +166,9 @@ def action_efficiencies(
             if method == "nss":
                 full = np.asarray(target_model(prefix), dtype=np.float64)
             else:
-                plan_key = (prefix, len(node_draws))
-                if plan_key not in plans:
-                    plans[plan_key] = solver.plan(*compressed(prefix), len(node_draws))
                 kept = support(prefix)
                 local = node_draws if kept is None else tuple(int(i) for i in np.searchsorted(kept, node_draws))
-                reduced = solver.branching_planned(plans[plan_key], local)
+                reduced = solver.branching_planned(plan(prefix, len(node_draws)), local)
                 laws[key] = {t: float(reduced[i]) for t, i in zip(node_draws, local)}
                 return laws[key]
             laws[key] = {t: float(full[t]) for t in set(node_draws)}
@@ -151,14 +188,20 @@ def action_efficiencies(
                 for j in range(l2_max):
                     draws_of.setdefault(trunk + branch[:j], []).append(branch[j])
             reach: dict[Prefix, float] = {(): 1.0}
+            # by_depth[d + 1] = sum over the nodes u of depth d that have draws of reach(u) * A_u: the
+            # reach mass of depth d + 1 (realised) or its expectation given the tree down to depth d
             by_depth = np.zeros(l1 + l2_max + 1, dtype=np.float64)
             by_depth[0] = 1.0
             for prefix in sorted(draws_of, key=len):  # parents before children
-                node_law = law(prefix, tuple(draws_of[prefix]))
-                for token in dict.fromkeys(draws_of[prefix]):
+                node_draws = tuple(draws_of[prefix])
+                node_law = law(prefix, node_draws)
+                realised = 0.0
+                for token in dict.fromkeys(node_draws):
                     child_reach = reach[prefix] * node_law[token]
                     reach[prefix + (token,)] = child_reach
-                    by_depth[len(prefix) + 1] += child_reach
+                    realised += child_reach
+                expected = expected_acceptance(prefix, len(node_draws)) if estimator == "rao_blackwell" else None
+                by_depth[len(prefix) + 1] += realised if expected is None else reach[prefix] * expected
             cumulative = np.cumsum(by_depth)
             for l2 in range(l2_max + 1):
                 out[index[(k, l1, l2)]] = cumulative[l1 + l2]

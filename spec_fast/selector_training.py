@@ -11,11 +11,17 @@
 * :func:`save_selector` / :func:`load_selector` -- the weights as safetensors, the config and anything
   else (method, baselines, dataset header) as JSON metadata.
 * :func:`evaluate_policy` -- throughput of the policy's argmax action vs the best static action vs the
-  per-root oracle, on any set of roots.
+  per-root oracle, on any set of roots. The in-sample oracle picks each root's best action on the very
+  targets it is scored on, so the luck of the draws counts as gain (an upper bound); with several draws per
+  root the *cross-fitted* oracle picks on one half of the draws and is scored on the other (both halves
+  unbiased, so this is a fair estimate of what knowing each root's E[tau+1] to that precision is worth, and
+  a lower bound on the exact oracle, whose choice has no noise). Ratios come with a 95% interval from a
+  bootstrap over prompts (roots of one prompt are not independent).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -27,10 +33,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss
+from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss, tree_key
 
 __all__ = ["SelectorData", "TrainSettings", "load_dataset", "split_by_prompt", "static_baselines",
-           "train_selector", "evaluate_policy", "save_selector", "load_selector"]
+           "best_static_action", "train_selector", "evaluate_policy", "cross_validate", "save_selector", "load_selector"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class SelectorData:
     prompt_index: torch.Tensor
     actions: tuple[tuple[int, int, int], ...]
     header: dict[str, Any]
+    #: ``[N, s, A]`` E_hat of every shared draw (``block_efficiency`` is their mean), or None
+    draws: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -71,11 +79,12 @@ def load_dataset(path: str, method: str = "specinfer") -> SelectorData:
         name = f"block_efficiency_{method}"
         if name not in data:
             raise ValueError(f"{path} has no targets for method={method!r}; it holds {header.get('methods')}")
+        draws = torch.from_numpy(data[f"{name}_draws"]).double() if f"{name}_draws" in data else None
         return SelectorData(
             torch.from_numpy(data["target_hidden_prev"]), torch.from_numpy(data["draft_hidden_prev"]),
             torch.from_numpy(data["draft_hidden_root"]), torch.from_numpy(data["scalars"]),
             torch.from_numpy(data[name]), torch.from_numpy(data["latency"]),
-            torch.from_numpy(data["prompt_index"]), tuple(tuple(a) for a in header["actions"]), header,
+            torch.from_numpy(data["prompt_index"]), tuple(tuple(a) for a in header["actions"]), header, draws,
         )
 
 
@@ -126,6 +135,7 @@ class TrainSettings:
     penalty_weight: float = 1.0
     worst_fraction: float = 0.1
     dropout: float = 0.1
+    logit_cap: float = 0.0
     seed: int = 0
     log_every: int = 100
 
@@ -137,7 +147,8 @@ def train_selector(data: SelectorData, rows: torch.Tensor, baselines: dict[tuple
         raise ValueError("rows must hold at least one training root, got none")
     torch.manual_seed(settings.seed)
     config = SelectorConfig(int(data.target_hidden_prev.shape[1]), int(data.draft_hidden_prev.shape[1]),
-                            dropout=settings.dropout, max_branches=max(a[0] for a in data.actions),
+                            dropout=settings.dropout, logit_cap=settings.logit_cap,
+                            max_branches=max(a[0] for a in data.actions),
                             max_trunk=max(a[1] for a in data.actions), max_branch_length=max(a[2] for a in data.actions))
     if config.actions != data.actions:
         raise ValueError("the dataset's actions are not the action space of eq. 8 in spec_ref order")
@@ -148,7 +159,7 @@ def train_selector(data: SelectorData, rows: torch.Tensor, baselines: dict[tuple
     assert isinstance(output, torch.nn.Linear)
     with torch.no_grad():
         output.bias.zero_()
-        output.bias[overall] = settings.prior_logit
+        output.bias[overall] = settings.prior_logit  # before the logit cap, if any
     base = _baseline_actions(data, rows, baselines, overall)
     optimizer = torch.optim.AdamW(net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     order_generator = torch.Generator().manual_seed(settings.seed)
@@ -185,40 +196,116 @@ def train_selector(data: SelectorData, rows: torch.Tensor, baselines: dict[tuple
     return net, log
 
 
+def best_static_action(data: SelectorData, rows: torch.Tensor, speculative: bool = False) -> int:
+    """The action with the best mean ``E / T`` over ``rows``; ``speculative``: among those that draft
+    (``L1 + L2 >= 1``), i.e. the best static tree."""
+    throughput = (data.block_efficiency[rows] / data.latency[rows]).mean(dim=0)
+    if speculative:
+        plain = torch.tensor([a[1] + a[2] == 0 for a in data.actions])
+        throughput = torch.where(plain, torch.full_like(throughput, -math.inf), throughput)
+    return int(throughput.argmax())
+
+
+def _bootstrap_ratio(values: npt.NDArray[np.float64], reference: npt.NDArray[np.float64],
+                     groups: npt.NDArray[np.int64], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of ``mean(values) / mean(reference)`` resampling whole groups (prompts) with replacement."""
+    names, inverse = np.unique(groups, return_inverse=True)
+    sums_v = np.bincount(inverse, weights=values, minlength=names.size)
+    sums_r = np.bincount(inverse, weights=reference, minlength=names.size)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, names.size, size=(resamples, names.size))
+    ratios = sums_v[picks].sum(axis=1) / sums_r[picks].sum(axis=1)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
 def evaluate_policy(net: SelectorNet, data: SelectorData, rows: torch.Tensor, static_action: int,
-                    baselines: dict[tuple[float, float], int]) -> dict[str, Any]:
-    """Throughput on ``rows`` of the policy (argmax), one static action, the per-setting baselines and the
-    per-root oracle. ``tps_mean`` = mean over roots of ``E / T`` (eq. 9 with a one-hot policy);
-    ``tps_pooled`` = ``sum E / sum T`` (tokens per second of decoding all those roots)."""
+                    baselines: dict[tuple[float, float], int], speculative_action: int | None = None) -> dict[str, Any]:
+    """Throughput on ``rows`` of the policy (argmax), one static action, the best static tree
+    (``speculative_action``), the per-setting baselines, the in-sample oracle and (with several draws per
+    root) the cross-fitted oracle (module docstring). ``tps_mean`` = mean over roots of ``E / T`` (eq. 9
+    with a one-hot policy); ``tps_pooled`` = ``sum E / sum T`` (tokens per second of decoding all those
+    roots); ``*_vs_best_static`` with a prompt-bootstrap 95% interval (``tps_mean_ci``)."""
     with torch.no_grad():
         chosen = net.select(data.features(rows))
     eff, lat = data.block_efficiency[rows], data.latency[rows]
     per_root = eff / lat
+    count = int(rows.numel())
     picks: dict[str, npt.NDArray[np.int64]] = {
         "policy": chosen.numpy(),
-        "best_static": np.full(int(rows.numel()), static_action),
+        "best_static": np.full(count, static_action),
         "setting_baseline": _baseline_actions(data, rows, baselines, static_action).numpy(),
         "oracle": per_root.argmax(dim=1).numpy(),
     }
-    report: dict[str, Any] = {"roots": int(rows.numel())}
-    index = torch.arange(int(rows.numel()))
-    for name, pick in picks.items():
-        chosen_rows = torch.from_numpy(pick)
-        e, t = eff[index, chosen_rows], lat[index, chosen_rows]
+    if speculative_action is not None:
+        picks["best_static_tree"] = np.full(count, speculative_action)
+    index = torch.arange(count)
+    scored: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+        name: (eff[index, torch.from_numpy(pick)], lat[index, torch.from_numpy(pick)]) for name, pick in picks.items()}
+    draws = None if data.draws is None else data.draws[rows]
+    if draws is not None and draws.shape[1] >= 2:
+        half = draws.shape[1] // 2
+        first, second = draws[:, :half].mean(dim=1), draws[:, half:].mean(dim=1)
+        pick_first, pick_second = (first / lat).argmax(dim=1), (second / lat).argmax(dim=1)
+        # each half's choice scored on the other half; E and T as the mean of the two scorings
+        e = 0.5 * (second[index, pick_first] + first[index, pick_second])
+        t = 0.5 * (lat[index, pick_first] + lat[index, pick_second])
+        tps = 0.5 * (second[index, pick_first] / lat[index, pick_first] + first[index, pick_second] / lat[index, pick_second])
+        scored["oracle_crossfit"] = (e, t)
+        picks["oracle_crossfit"] = pick_first.numpy()
+    report: dict[str, Any] = {"roots": count}
+    static_tree = tree_key(data.actions[static_action])
+    groups = data.prompt_index[rows].numpy()
+    static_tps = (scored["best_static"][0] / scored["best_static"][1]).numpy()
+    for name, (e, t) in scored.items():
+        per = (tps if name == "oracle_crossfit" else e / t).numpy()
         report[name] = {
-            "tps_mean": float((e / t).mean()), "tps_pooled": float(e.sum() / t.sum()),
+            "tps_mean": float(per.mean()), "tps_pooled": float(e.sum() / t.sum()),
             "block_efficiency": float(e.mean()), "latency_s": float(t.mean()),
+            "differs_from_best_static": float(np.mean([tree_key(data.actions[int(a)]) != static_tree
+                                                        for a in picks[name].tolist()])),
+            "tps_mean_ci": _bootstrap_ratio(per, static_tps, groups),
         }
-    static = report["best_static"]
-    for name in ("policy", "setting_baseline", "oracle"):
-        report[name]["tps_mean_vs_best_static"] = report[name]["tps_mean"] / static["tps_mean"]
-        report[name]["tps_pooled_vs_best_static"] = report[name]["tps_pooled"] / static["tps_pooled"]
+    for name in scored:
+        report[name]["tps_mean_vs_best_static"] = report[name]["tps_mean"] / report["best_static"]["tps_mean"]
+        report[name]["tps_pooled_vs_best_static"] = report[name]["tps_pooled"] / report["best_static"]["tps_pooled"]
     counts: dict[str, int] = {}
     for a in picks["policy"].tolist():
         key = str(data.actions[int(a)])
         counts[key] = counts.get(key, 0) + 1
     report["policy_actions"] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
     return report
+
+
+def cross_validate(data: SelectorData, rows: torch.Tensor, candidates: Sequence[TrainSettings], folds: int = 4
+                   ) -> list[dict[str, Any]]:
+    """Each candidate's policy throughput relative to the best static action, by ``folds``-fold cross-validation
+    over the prompts of ``rows`` (fold = prompt index // 5 mod folds, so the prompts of one fold are spread
+    over the pool): train on the other folds, score the held fold (mean E/T of all held roots pooled over
+    folds, ``cv_vs_best_static``), and the fit on the training folds themselves (``fit_vs_best_static``)."""
+    fold_of = (data.prompt_index[rows] // 5) % folds
+    out: list[dict[str, Any]] = []
+    for settings in candidates:
+        sums = {"cv": 0.0, "cv_static": 0.0, "fit": 0.0, "differs": 0.0}
+        count = 0
+        for fold in range(folds):
+            train, held = rows[fold_of != fold], rows[fold_of == fold]
+            if held.numel() == 0 or train.numel() == 0:
+                continue
+            baselines = static_baselines(data, train)
+            static = best_static_action(data, train)
+            net, _ = train_selector(data, train, baselines, settings, progress=False)
+            scored = evaluate_policy(net, data, held, static, baselines)
+            fitted = evaluate_policy(net, data, train, static, baselines)
+            n = int(held.numel())
+            sums["cv"] += scored["policy"]["tps_mean"] * n
+            sums["cv_static"] += scored["best_static"]["tps_mean"] * n
+            sums["fit"] += fitted["policy"]["tps_mean_vs_best_static"] / folds
+            sums["differs"] += scored["policy"]["differs_from_best_static"] * n
+            count += n
+        out.append({"settings": dataclasses.asdict(settings), "cv_vs_best_static": sums["cv"] / sums["cv_static"],
+                    "fit_vs_best_static": sums["fit"], "cv_differs": sums["differs"] / max(count, 1), "roots": count})
+    return out
 
 
 def describe_actions(actions: Sequence[tuple[int, int, int]], index: int) -> str:

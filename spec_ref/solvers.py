@@ -148,6 +148,12 @@ class Solver(ABC):
             return plan.target_probs.copy()
         return self._branching(plan, tuple(int(t) for t in draft_tokens))
 
+    def acceptance_planned(self, plan: SolverPlan) -> Scalar:
+        """``acceptance`` with a precomputed plan (for ``plan.k`` draws)."""
+        if plan.solver != self.name:
+            raise ValueError(f"plan.solver={plan.solver!r} was made by another solver than {self.name!r}")
+        return self._acceptance(plan)
+
     def _check_plan(self, plan: SolverPlan, draft_tokens: Sequence[int]) -> None:
         if plan.solver != self.name:
             raise ValueError(f"plan.solver={plan.solver!r} was made by another solver than {self.name!r}")

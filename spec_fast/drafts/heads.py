@@ -315,6 +315,8 @@ class HeadDrafter(Drafter):
         self.kind = head.kind
         self.history = history
         self.hidden_size = int(head.config.hidden_size)
+        # the NDE selector reads a draft's final hidden states: here the predicted features f_j
+        self.draft_hidden_size = self.hidden_size
         self._staging = threading.Lock()
 
     def begin(self, batch_size: int, device: torch.device) -> HeadState:
@@ -377,6 +379,12 @@ class HeadDrafter(Drafter):
         state.block_features = torch.cat([state.block_features, out.features], dim=1)
         logits: torch.Tensor = out.logits
         return logits
+
+    def forward_hidden(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` plus the features it predicted (``[B, Q, H]``, what the LM head read)."""
+        logits = self.forward(state, tokens, parents)
+        return logits, state.block_features[:, -tokens.shape[1]:]
 
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         state.cache.commit(keep, counts, prefix_of_block)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from spec_fast.kv_cache import TreeKVCache
+from spec_fast.decoding import decoding_operator
+from spec_fast.drafts.model import ModelDrafter
 from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
 from spec_fast.drafts.training import TrainConfig
 from tests.engine.models import tiny_llama
@@ -38,13 +39,13 @@ def test_prompts_are_the_unused_part_of_the_training_pool() -> None:
 
 def test_shared_draws_on_a_tiny_model_are_valid() -> None:
     script = _script()
-    draft = tiny_llama(vocab_size=64, layers=1, seed=4)
-    cache = TreeKVCache(draft, 1, torch.device("cpu"))
+    drafter = ModelDrafter(tiny_llama(vocab_size=64, layers=1, seed=4))
+    cache = drafter.begin(1, torch.device("cpu"))
     context = [3, 9, 27, 17, 5]
     with torch.no_grad():
-        out = cache.forward(torch.tensor([context]), (torch.arange(len(context)) - 1).unsqueeze(0))
-        q_root = script._probs(out.logits[0, -1:], 1.0, 0.9)[0]
-        trees = script.RootTrees(cache, len(context) - 1, q_root, 1.0, 0.9, torch.Generator().manual_seed(0))
+        logits = drafter.forward(cache, torch.tensor([context]), (torch.arange(len(context)) - 1).unsqueeze(0))
+        q_root = script._probs(logits[0, -1:], 1.0, 0.9)[0]
+        trees = script.RootTrees(drafter, cache, len(context) - 1, q_root, 1.0, 0.9, torch.Generator().manual_seed(0))
         draws = trees.draw(2)
     assert len(draws) == 2
     for d in draws:
@@ -59,3 +60,66 @@ def test_shared_draws_on_a_tiny_model_are_valid() -> None:
         assert prefix[:-1] in seen and prefix not in seen
         seen.add(prefix)
     assert cache.num_block == len(context) + len(trees.order)
+
+
+def test_fast_laws_equal_the_decoding_operator() -> None:
+    """The dataset's G (top-p resolved among the top candidates, the full operator when the nucleus is
+    wider) has G's support and values up to float rounding; a control with top-p ignored differs."""
+    script = _script()
+    torch.manual_seed(0)
+    logits = torch.randn(6, 3000) * 4
+    logits[1] = torch.randn(3000) * 0.01  # a flat row: the nucleus is wider than the candidates
+    logits[2, 100:] = -float("inf")  # a vocabulary subset
+    for temperature, top_p in ((0.6, 0.9), (1.0, 0.9), (1.0, 1.0)):
+        exact = decoding_operator(logits, torch.full((6,), temperature), torch.zeros(6, dtype=torch.long),
+                                  torch.full((6,), top_p))
+        fast = script._probs(logits, temperature, top_p)
+        assert torch.equal(fast > 0, exact > 0)
+        torch.testing.assert_close(fast, exact, atol=1e-6, rtol=1e-5)
+    nucleus = decoding_operator(logits, torch.ones(6), torch.zeros(6, dtype=torch.long), torch.full((6,), 0.9)) > 0
+    assert not torch.equal(script._probs(logits, 1.0, 1.0) > 0, nucleus)  # the control: top-p does cut
+
+
+def test_root_records_match_teacher_forcing() -> None:
+    """PromptRun (the target samples, the draft catches up at each root) hands the features the laws and
+    hidden states of a plain teacher-forced forward of both models at the token before the root and at it."""
+    script = _script()
+    target, draft = tiny_llama(vocab_size=64, layers=2, seed=5), tiny_llama(vocab_size=64, layers=1, seed=6)
+    run = script.PromptRun(target, ModelDrafter(draft), [3, 9, 27, 17, 5], 1.0, 1.0, seed=0)
+    with torch.no_grad():
+        for _ in range(2):
+            run.sample(4)
+            prev_and_root_logits, prev_and_root_hidden, _, _, root_entry = run.draft_root()
+            sequence = torch.tensor([run.sequence])
+            t_out = target(sequence, output_hidden_states=True)
+            d_out = draft(sequence, output_hidden_states=True)
+            torch.testing.assert_close(run.hidden[-2], t_out.hidden_states[-1][0, -2], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(run.logits[0], t_out.logits[0, -2], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(run.logits[-1], t_out.logits[0, -1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(prev_and_root_logits, d_out.logits[0, -2:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(prev_and_root_hidden, d_out.hidden_states[-1][0, -2:], atol=1e-5, rtol=1e-5)
+            assert root_entry == run.drafter.num_block(run.draft_state) - 1
+            run.finish_root()
+
+
+def test_root_records_of_a_feature_head_match_teacher_forcing() -> None:
+    """With a trained-head drafter (rnn), each pending token reads the target's feature of the token before
+    it, as in the engine: the root's logits and predicted features equal the head run on the true features."""
+    from spec_fast.drafts.heads import FeatureHead, HeadDrafter
+
+    script = _script()
+    target = tiny_llama(vocab_size=64, layers=2, seed=5)
+    torch.manual_seed(1)
+    head = FeatureHead(target, "rnn", torch.arange(64)).eval()
+    run = script.PromptRun(target, HeadDrafter(head), [3, 9, 27, 17, 5], 1.0, 1.0, seed=0)
+    with torch.no_grad():
+        for _ in range(2):
+            run.sample(3)
+            logits, hidden, _, _, _ = run.draft_root()
+            sequence = torch.tensor([run.sequence])
+            features = target(sequence, output_hidden_states=True).hidden_states[-1]
+            previous = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
+            want = head.features(head.embed[0](sequence), previous)
+            torch.testing.assert_close(hidden, want[0, -2:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits, head.head(want)[0, -2:], atol=1e-5, rtol=1e-5)
+            run.finish_root()

@@ -15,7 +15,9 @@ from spec_fast.latency import (
     LatencyModel,
     PassTime,
     PassTimeFit,
+    PassTimeTable,
     cache_key,
+    fit_pass_table,
     fit_pass_time,
     load_or_measure,
     measure_latency,
@@ -31,7 +33,8 @@ def test_warm_up_gives_a_positive_monotone_model_that_feeds_eq_11() -> None:
     model = measure_latency(target, draft, vocab_size=64, contexts=(8, 24), target_widths=(1, 9, 41),
                             draft_widths=(1, 4), repeats=2)
     for fit in (model.draft, model.target):
-        assert fit.intercept > 0 and fit.per_width >= 0 and fit.per_context >= 0
+        assert isinstance(fit, PassTimeTable) and fit.per_context >= 0
+        assert all(b > 0 for b in fit.base) and list(fit.base) == sorted(fit.base)
     lengths = [1, 10, 60]
     assert all(model.draft_time(a) <= model.draft_time(b) for a, b in zip(lengths, lengths[1:]))
     assert all(model.target_time(a) <= model.target_time(b) for a, b in zip(lengths, lengths[1:]))
@@ -74,19 +77,41 @@ def test_fit_recovers_an_exact_linear_law_and_stays_non_negative() -> None:
         fit_pass_time([PassTime(1, 1, 0.0)])
 
 
+def test_table_fit_recovers_a_bent_width_law_and_never_falls() -> None:
+    """A CPU-like law (the second token costs 0.6 of the first, the next ones less) is recovered exactly at
+    the measured widths, interpolated between them and extended beyond; a width measured cheaper than a
+    narrower one (noise, a kernel switch) is lifted to the narrower one's time."""
+    base = {1: 0.050, 2: 0.080, 3: 0.100, 4: 0.110, 8: 0.150}
+    points = [PassTime(c, w, b + 1e-5 * c) for c in (16, 64, 256) for w, b in base.items()]
+    table = fit_pass_table(points)
+    assert table.widths == (1, 2, 3, 4, 8) and table.per_context == pytest.approx(1e-5, rel=1e-6)
+    assert [table(0, w) for w in base] == pytest.approx(list(base.values()), rel=1e-6)
+    assert table(100, 6) == pytest.approx(0.130 + 1e-3, rel=1e-6)
+    assert table(0, 12) == pytest.approx(0.190, rel=1e-6)  # the last segment's slope, 0.01 per token
+    dipped = [PassTime(10, 1, 0.05), PassTime(10, 2, 0.09), PassTime(10, 4, 0.07)]
+    lifted = fit_pass_table(dipped)
+    assert lifted(10, 4) == pytest.approx(lifted(10, 2)) and lifted(10, 3) >= lifted(10, 2) - 1e-12
+    model = LatencyModel(table, table)
+    assert LatencyModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+    with pytest.raises(ValueError, match="must include 1"):
+        fit_pass_table([PassTime(10, 2, 0.1)])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        PassTimeTable((1, 2), (0.2, 0.1), 0.0)
+
+
 def test_json_cache_is_keyed_and_refreshable(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "latency.json")
     calls: list[int] = []
 
     def measure() -> LatencyModel:
         calls.append(1)
-        return LatencyModel(PassTimeFit(0.001 * len(calls), 0.0, 0.0), PassTimeFit(0.01, 0.001, 0.0))
+        return LatencyModel(PassTimeFit(0.001 * len(calls), 0.0, 0.0), PassTimeFit(0.01, 0.001, 0.0), law_per_row=0.006)
 
     key = cache_key("target", "draft", "float32")
     assert "float32" in key and "threads=" in key
     first = load_or_measure(path, key, measure)
     again = load_or_measure(path, key, measure)
-    assert len(calls) == 1 and again == first and again.key == key
+    assert len(calls) == 1 and again == first and again.key == key and again.law_per_row == 0.006
     other = load_or_measure(path, key + "x", measure)
     assert len(calls) == 2 and other.draft.intercept == pytest.approx(0.002)
     refreshed = load_or_measure(path, key, measure, refresh=True)

@@ -51,10 +51,11 @@ class ContextCycleNet(SelectorNet):
 
     def forward(self, features: RootFeatures) -> torch.Tensor:
         lengths = features.scalars[:, SCALAR_FEATURES.index("context_length")].long()
-        logits = torch.zeros(features.batch_size, self.config.num_actions)
+        # every other action far below: the selector sums the policy over the actions of one tree
+        logits = torch.full((features.batch_size, self.config.num_actions), -30.0)
         index = {a: i for i, a in enumerate(self.config.actions)}
         for b, n in enumerate(lengths.tolist()):
-            logits[b, index[CYCLE[n % len(CYCLE)]]] = 1.0
+            logits[b, index[CYCLE[n % len(CYCLE)]]] = 0.0
         return logits
 
 
@@ -88,6 +89,27 @@ def test_greedy_nde_with_a_separate_draft_model_and_shape_changes(target: Any, r
     for rows in ([0], [1], [3], [0, 1, 2, 3]):
         result = decoder.generate([PROMPTS[r] for r in rows], max_new_tokens=NEW_TOKENS)
         assert result.tokens == [reference[r] for r in rows]
+
+
+def test_greedy_nde_with_a_feature_head_draft(target: Any, reference: list[list[int]]) -> None:
+    """A trained head (rnn) reads the target's hidden states through the recorder (observe_target is passed
+    on) and exposes its predicted features as its hidden states."""
+    from spec_fast.drafts.heads import FeatureHead, HeadDrafter
+
+    torch.manual_seed(2)
+    head = HeadDrafter(FeatureHead(target, "rnn", torch.arange(int(target.config.vocab_size))).eval())
+    seen: list[int] = []
+    observe = head.observe_target
+
+    def spy(state: Any, hidden: torch.Tensor, keep: Any = None, counts: Any = None) -> None:
+        seen.append(int(hidden.shape[1]))
+        observe(state, hidden, keep, counts)
+
+    head.observe_target = spy  # type: ignore[method-assign]
+    decoder = SpeculativeDecoder(target, head, parse_strategy("nde"), selector=cycling_selector(32))
+    result = decoder.generate(PROMPTS[:2], max_new_tokens=NEW_TOKENS)
+    assert result.tokens == reference[:2]
+    assert len(seen) >= result.metrics.target_passes  # the prefill and every step
 
 
 def _shape(tree: Any) -> tuple[int, int]:
@@ -146,8 +168,7 @@ class SpySelector(NdeSelector):
 
     def choose(self, target_hidden_prev: torch.Tensor, target_logits_prev: torch.Tensor,  # type: ignore[override]
                draft_hidden_prev: torch.Tensor, draft_logits_prev: torch.Tensor, draft_hidden_root: torch.Tensor,
-               draft_logits_root: torch.Tensor, context_lengths: Any, active: Any, sampling: Any, draft_law: Any
-               ) -> NdeChoice:
+               draft_logits_root: torch.Tensor, context_lengths: Any, active: Any, sampling: Any) -> NdeChoice:
         self.calls.append(dict(target_hidden_prev=target_hidden_prev.clone(), target_logits_prev=target_logits_prev.clone(),
                                draft_hidden_prev=draft_hidden_prev.clone(), draft_logits_prev=draft_logits_prev.clone(),
                                draft_hidden_root=draft_hidden_root.clone(), lengths=list(context_lengths)))
@@ -211,17 +232,17 @@ def test_parse_nde_strategies() -> None:
 
 @pytest.mark.model
 def test_smollm2_greedy_nde_with_the_committed_selector_equals_greedy_ar() -> None:
-    """SmolLM2 + the distilled draft + the committed selector weights (latency model from a fixed fit, so
-    the test does not run the warm-up). The committed policy picks the same action at every root of this
-    run (bench/results/selector.md says why), so the shape-change check is the crafted one above."""
-    from spec_fast.drafts.heads import load_distilled
+    """SmolLM2 + the rnn head (the selector's draft) + the committed selector weights (latency model from a
+    fixed fit, so the test does not run the warm-up). The committed policy picks the plain step at every
+    root (bench/results/selector.md and README say why), so the shape-change check is the crafted one above."""
+    from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids, load_model
     from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
     from spec_fast.selector_training import load_selector
 
     model, tokenizer = load_model()
     net, _ = load_selector(DEFAULT_SELECTOR_WEIGHTS)
-    decoder = SpeculativeDecoder(model, ModelDrafter(load_distilled(model)), parse_strategy("nde"),
+    decoder = SpeculativeDecoder(model, load_drafter("rnn", model), parse_strategy("nde"),
                                  selector=NdeSelector(net, LATENCY))
     prompt = chat_prompt_ids(tokenizer, "Name three colours of the rainbow.")
     result = decoder.generate([prompt], max_new_tokens=12)

@@ -172,7 +172,7 @@ def test_net_shapes_action_space_and_dropout() -> None:
     assert logits.shape == (3, 324) and logits.dtype == torch.float32
     assert torch.equal(net(features), logits)  # eval: deterministic
     chosen = net.select(features)
-    assert chosen.shape == (3,) and chosen.tolist() == logits.argmax(dim=-1).tolist()
+    assert chosen.shape == (3,) and chosen.tolist() == net.representative(net.tree_probs(logits).argmax(dim=-1)).tolist()
     net.train()
     assert not torch.equal(net(features), logits)  # dropout is active in training
     # standardised scalars: zero mean over the set they were fitted on
@@ -180,6 +180,32 @@ def test_net_shapes_action_space_and_dropout() -> None:
     assert mean.tolist() == pytest.approx(features.scalars.mean(dim=0).tolist(), rel=1e-6)
     small = fast.SelectorNet(fast.SelectorConfig(7, 5, max_branches=2, max_trunk=1, max_branch_length=1))
     assert small.mlp[-1].out_features == 8
+
+
+def test_the_selector_decodes_the_most_probable_tree_and_caps_logits() -> None:
+    """Eq. (8) lists one tree under several actions: 324 actions, 233 trees; a tree whose probability is
+    spread over its actions wins over a single action of higher probability (the argmax of the raw policy,
+    the control, picks that single action); a logit cap bounds every logit."""
+    actions = ref.action_space()
+    group, first = fast.tree_groups(actions)
+    assert int(group.max()) + 1 == 233 and first.numel() == 233
+    index = {a: i for i, a in enumerate(actions)}
+    chain1 = [index[a] for a in ((1, 0, 1), (1, 1, 0), (2, 1, 0), (3, 1, 0), (4, 1, 0))]
+    assert len({int(group[i]) for i in chain1}) == 1 and int(group[index[(2, 0, 1)]]) != int(group[chain1[0]])
+    assert {int(group[index[(k, 0, 0)]]) for k in range(1, 5)} == {int(group[index[(1, 0, 0)]])}
+    net = fast.SelectorNet(fast.SelectorConfig(7, 5)).eval()
+    logits = torch.full((1, 324), -20.0)
+    logits[0, chain1] = 0.0  # five actions of one tree, 0.2 of its mass each after the plain step's share
+    logits[0, index[(2, 2, 2)]] = 0.5  # one action, more probable than any single chain:1 action
+    assert int(logits.argmax()) == index[(2, 2, 2)]
+    tree = net.tree_probs(logits).argmax(dim=-1)
+    assert net.representative(tree).tolist() == [index[(1, 0, 1)]]
+    capped = fast.SelectorNet(fast.SelectorConfig(7, 5, logit_cap=2.0)).eval()
+    features, _ = _features(np.random.default_rng(3))
+    with torch.no_grad():
+        for p in capped.mlp.parameters():
+            p.mul_(50.0)
+        assert float(capped(features).abs().max()) <= 2.0
 
 
 @pytest.mark.parametrize("call,match", [
