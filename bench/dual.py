@@ -31,7 +31,7 @@ from bench._common import write_results  # noqa: E402
 from bench.defaults import INPUT_GROUNDED  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.drafts.model import Drafter  # noqa: E402
-from spec_fast.drafts.dual import DualDrafter  # noqa: E402
+from spec_fast.drafts.dual import DualDrafter, load_route_prior  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
@@ -113,8 +113,9 @@ def main() -> None:
         configs[name] = SpeculativeDecoder(model, drafter, strategy)
     for mode in MODES:
         for first, second in pairs:
+            priors = (load_route_prior(first), load_route_prior(second))  # read by route-calibrated only
             configs[f"{mode}({first},{second})"] = SpeculativeDecoder(
-                model, DualDrafter(singles[first], singles[second], mode), strategy)
+                model, DualDrafter(singles[first], singles[second], mode, priors), strategy)
     if args.only:
         keep = {"ar", *args.only.split(";")}
         configs = {k: v for k, v in configs.items() if k in keep}
