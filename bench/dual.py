@@ -31,7 +31,7 @@ from bench._common import write_results  # noqa: E402
 from bench.defaults import INPUT_GROUNDED  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.drafts.model import Drafter  # noqa: E402
-from spec_fast.drafts.dual import DualDrafter  # noqa: E402
+from spec_fast.drafts.dual import DualDrafter, load_route_prior  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, load_model  # noqa: E402
@@ -111,10 +111,18 @@ def main() -> None:
     configs: dict[str, SpeculativeDecoder] = {"ar": SpeculativeDecoder(model, None, parse_strategy("ar"))}
     for name, drafter in singles.items():
         configs[name] = SpeculativeDecoder(model, drafter, strategy)
+    # like for like at T > 0: a dual draft verifies deterministic top-1 chains with NSS (routing or merging
+    # sampled drafts is lossy), while a single draft's chain:L is sampled from its law and verified with the
+    # strategy's verifier (naive), which gains where the draft's law has several tokens; these single-draft
+    # configurations draft as the dual heads do (greedy: identical to the plain ones, so not run)
+    sampled_only = {f"{name}/nss" for name in singles}
+    for name, drafter in singles.items():
+        configs[f"{name}/nss"] = SpeculativeDecoder(model, drafter, parse_strategy(args.strategy, "nss"))
     for mode in MODES:
         for first, second in pairs:
+            priors = (load_route_prior(first), load_route_prior(second))  # read by route-calibrated only
             configs[f"{mode}({first},{second})"] = SpeculativeDecoder(
-                model, DualDrafter(singles[first], singles[second], mode), strategy)
+                model, DualDrafter(singles[first], singles[second], mode, priors), strategy)
     if args.only:
         keep = {"ar", *args.only.split(";")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -126,6 +134,8 @@ def main() -> None:
             for index, prompt in enumerate(prompts):
                 reference: list[int] | None = None
                 for name, decoder in configs.items():
+                    if name in sampled_only and sampling.greedy:
+                        continue
                     key = (workload, sampling_name, name)
                     row = totals.setdefault(key, {"tokens": 0, "seconds": 0.0, "passes": 0, "reads": 0,
                                                   "accepted": 0, "head_accepted": [0, 0],
@@ -155,7 +165,7 @@ def main() -> None:
         ar_rate = ar["tokens"] / ar["seconds"]
         rate = row["tokens"] / row["seconds"]
         steps = max(row["passes"], 1)
-        if name in singles:
+        if name in singles or name in sampled_only:
             per_head = [row["accepted"] / steps, 0.0]
         else:
             per_head = [a / steps for a in row["head_accepted"]]
@@ -194,12 +204,15 @@ def main() -> None:
               "Selected: route, route-calibrated = steps whose tree was that head's; merge = steps whose accepted "
               "path came from "
               "that head (steps accepting nothing count for neither). = AR: greedy only (sampled runs are "
-              "lossless in distribution, not token for token). Summary: (vs best single) = route-calibrated's "
+              "lossless in distribution, not token for token). X/nss (T > 0 only): the single draft X drafting as a dual "
+              "head does (deterministic top-1 chain, NSS), the like-for-like baseline of merge and routes, which "
+              "cannot verify sampled drafts. Summary: (vs best single) = route-calibrated's "
               "block efficiency / the best single head's, and its tok/s / the fastest single head's, same run.",
               ""]
     summary = ["| workload | sampling | pair | best single (BE) | merge BE >= best single | best single (tok/s) "
                "| route tok/s < best single | route-calibrated BE (vs best single) "
-               "| route-calibrated x AR (vs best single) |", "|---|---|---|---|---|---|---|---|---|"]
+               "| route-calibrated x AR (vs best single) | like for like: best single /nss (BE, tok/s) "
+               "| route-calibrated vs it (BE, tok/s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["workload"], r["sampling"], r["config"]): r for r in rows}
     for workload in workloads:
         for sampling_name in SAMPLINGS:
@@ -212,6 +225,18 @@ def main() -> None:
                 merge, route, calibrated = (by_key[(workload, sampling_name, n)] for n in names[2:])
                 best_be = max(head_rows, key=lambda r: float(r["block_efficiency"]))
                 best_rate = max(head_rows, key=lambda r: float(r["tokens_per_s"]))
+                nss_rows = [by_key.get((workload, sampling_name, f"{n}/nss")) for n in names[:2]]
+
+                def like_for_like(routed: dict[str, Any]) -> str:
+                    if any(r is None for r in nss_rows):  # greedy: the plain single rows are already alike
+                        return "(as best single) | (as best single) |"
+                    kept = [r for r in nss_rows if r is not None]
+                    be = max(kept, key=lambda r: float(r["block_efficiency"]))
+                    rate = max(kept, key=lambda r: float(r["tokens_per_s"]))
+                    return (f"{be['config']} {be['block_efficiency']:.2f}, {rate['config']} {rate['ratio_to_ar']:.2f}x "
+                            f"| {routed['block_efficiency'] / be['block_efficiency']:.2f}x, "
+                            f"{routed['tokens_per_s'] / rate['tokens_per_s']:.2f}x |")
+
                 summary.append(
                     f"| {workload} | {sampling_name} | ({first},{second}) | {best_be['config']} "
                     f"{best_be['block_efficiency']:.2f} | {merge['block_efficiency'] >= best_be['block_efficiency']} "
@@ -220,7 +245,7 @@ def main() -> None:
                     f"| {calibrated['block_efficiency']:.2f} "
                     f"({calibrated['block_efficiency'] / best_be['block_efficiency']:.2f}x) "
                     f"| {calibrated['ratio_to_ar']:.2f}x "
-                    f"({calibrated['tokens_per_s'] / best_rate['tokens_per_s']:.2f}x) |")
+                    f"({calibrated['tokens_per_s'] / best_rate['tokens_per_s']:.2f}x) | {like_for_like(calibrated)}")
     table += summary
 
     def plot(plt: Any) -> Any:
@@ -230,8 +255,9 @@ def main() -> None:
         height = 0.8 / len(cells)
         for c, (w, s) in enumerate(cells):
             ys = [i + c * height for i in range(len(names))]
-            axes[0].barh(ys, [by_key[(w, s, n)]["block_efficiency"] for n in names], height, label=f"{w}, {s}")
-            axes[1].barh(ys, [by_key[(w, s, n)]["ratio_to_ar"] for n in names], height)
+            axes[0].barh(ys, [by_key.get((w, s, n), {}).get("block_efficiency", 0.0) for n in names], height,
+                         label=f"{w}, {s}")
+            axes[1].barh(ys, [by_key.get((w, s, n), {}).get("ratio_to_ar", 0.0) for n in names], height)
         axes[0].set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names)
         axes[0].set_xlabel("block efficiency (tokens / target pass)")
         axes[0].legend(fontsize=7)

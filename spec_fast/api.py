@@ -215,9 +215,12 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
                         for name, source in zip(settings.draft.split(","), settings.draft_models)]
             drafter = drafters[0]
             if len(drafters) == 2:
-                from spec_fast.drafts.dual import DualDrafter
+                from spec_fast.drafts.dual import DualDrafter, load_route_prior
 
-                drafter = DualDrafter(drafters[0], drafters[1], mode=str(settings.dual))
+                # the committed drafts (by name) have prior tables for route-calibrated; model folders do not
+                priors = [load_route_prior(name) if source is None else None
+                          for name, source in zip(settings.draft.split(","), settings.draft_models)]
+                drafter = DualDrafter(drafters[0], drafters[1], mode=str(settings.dual), priors=(priors[0], priors[1]))
         loaded.decoders[decoder_key] = SpeculativeDecoder(loaded.model, drafter, settings.strategy)
     return loaded.decoders[decoder_key], loaded.tokenizer
 

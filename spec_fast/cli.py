@@ -69,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dual", default=None, choices=list(DUAL_MODES),
                      help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge), "
                           "only the head's tree with the higher mean draft confidence each step (route), or the "
-                          "head's tree with more expected accepted tokens under a per-head calibration of draft "
-                          "confidence to acceptance learned from the text so far (route-calibrated); needs a "
-                          "chain or topk strategy")
+                          "head's tree with more expected accepted tokens under a per-head calibration of its "
+                          "confidence (draft probability; for retrieval, the match length) to acceptance, from a "
+                          "shipped prior table and the text so far (route-calibrated); needs a chain or topk "
+                          "strategy")
     gen.add_argument("--strategy", default=None,
                      help=f"ar | chain:L | iid:KxL | delayed:K,L1,L2 | nde[:VERIFIER] (per-step delayed tree chosen by the "
                           f"NDE selector; needs a model draft) | topk:DEPTH,K,BUDGET | "

@@ -44,7 +44,8 @@ from spec_fast.drafting import (
     DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
 from spec_fast.drafts.dual import (
-    DualDraft, DualDrafter, RouteCalibration, calibrated_route, merge_trees, observe_committed, route, union_tree,
+    DualDraft, DualDrafter, RouteCalibration, calibrated_route, merge_trees, node_match_lengths, observe_committed,
+    route, union_tree,
 )
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
@@ -259,7 +260,7 @@ class SpeculativeDecoder:
             dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
             nde_previous=previous,
-            route_calibration=RouteCalibration.empty(batch, self.device)
+            route_calibration=RouteCalibration.start(batch, self.device, self.dual.initial_calibration())
             if self.dual is not None and self.dual.mode == "route-calibrated" else None,
         )
 
@@ -298,15 +299,17 @@ class SpeculativeDecoder:
             return draft_root_only(st.roots, strategy.process, self.device), None
         if self.dual is not None:
             k, budget = (1, depth_cap) if strategy.shape == "chain" else (strategy.top_k, strategy.budget)
-            drafts = []
+            drafts, lengths = [], []
             for head in st.heads:
                 drafts.append(draft_topk_tree(head.drafter, head.state, head.pending, st.roots, depth_cap, k, budget,
                                               self.device))
                 head.pending_width = drafts[-1].pending_width
+                if st.route_calibration is not None:  # read before the commit clears the drafter's block
+                    lengths.append(node_match_lengths(head.drafter, head.state, drafts[-1]))
             if self.dual.mode == "route":
                 dual = route(drafts[0], drafts[1])
             elif st.route_calibration is not None:
-                dual = calibrated_route(drafts[0], drafts[1], st.route_calibration)
+                dual = calibrated_route(drafts[0], drafts[1], st.route_calibration, (lengths[0], lengths[1]))
             else:
                 dual = (merge_trees if st.sampling.greedy else union_tree)(drafts[0], drafts[1])
             return dual.batch, dual

@@ -40,14 +40,11 @@ product of draft probabilities along the path, :class:`~spec_ref.drafting.Scored
 draft node), ``h* = argmax mu_h`` with ties to head 1. Each step commits ``A_k = 1 + a`` tokens (the root
 token plus ``a`` accepted draft tokens; seed 000 section 9): :func:`tokens_per_step`.
 
-**Calibrated routing** (:func:`calibrated_route`; docs/algorithms.md section 8). The seed's ``mu_h`` trusts
-each drafter's own probabilities; a retrieval draft proposes with probability 1 and wins every step it has
-a match. The calibrated rule keeps the seed's :func:`route` unchanged and adds a per-head calibration
-(:class:`RouteCalibration`) learned from the decoding history: per bin of a node's own draft probability
-``q``, how often such a node was offered and matched the committed text (:func:`update_calibration`, for
-both heads whether or not their tree was verified); node confidences become products of Laplace estimates
-and the head score is the expected accepted length. The choice depends only on the drafts and the past, so
-it stays lossless.
+**Calibrated routing** lives in :mod:`spec_ref.dual_calibration` and is re-exported here
+(:func:`calibrated_route`, :class:`RouteCalibration`, :func:`update_calibration`, ...): each head's nodes are
+classed by a confidence feature (draft probability bins for model heads, match-length classes for a
+retrieval head), calibrated to acceptance by a prior table plus the committed text of the generation, and
+the head with the larger expected accepted length is verified. The seed's :func:`route` is unchanged.
 
 Theorems: proofs/T06_deterministic_trees_and_routing.md (routing), proofs/T07_merge_and_greedy.md (merge, greedy).
 """
@@ -63,6 +60,26 @@ import numpy as np
 
 from spec_ref._validate import Vector, probability_vector
 from spec_ref.drafting import ScoredDraftTree, _assemble
+from spec_ref.dual_calibration import (  # re-exported: the calibrated route of docs/algorithms.md section 8
+    CALIBRATION_EDGES,
+    FEATURES,
+    LEVEL_WEIGHT,
+    MATCH_LENGTH_EDGES,
+    PRIOR_WEIGHT,
+    CalibratedRouteResult,
+    RouteCalibration,
+    calibrated_confidences,
+    calibrated_route,
+    calibration_bin,
+    check_routable,
+    head_observations,
+    match_class,
+    node_bins,
+    node_classes,
+    num_classes,
+    prior_rates,
+    update_calibration,
+)
 from spec_ref.tensorize import TensorizedTree, tensorize_structure
 from spec_ref.tree import DraftTree, Model, path_tokens
 
@@ -72,10 +89,19 @@ __all__ = [
     "RouteResult",
     "route",
     "mean_confidence",
+    "FEATURES",
     "CALIBRATION_EDGES",
+    "MATCH_LENGTH_EDGES",
+    "PRIOR_WEIGHT",
+    "LEVEL_WEIGHT",
     "RouteCalibration",
+    "num_classes",
     "calibration_bin",
+    "match_class",
+    "prior_rates",
+    "check_routable",
     "node_bins",
+    "node_classes",
     "calibrated_confidences",
     "CalibratedRouteResult",
     "calibrated_route",
@@ -218,16 +244,7 @@ def mean_confidence(tree: DraftTree, name: str = "tree") -> Any:
 
     Refuses sampled trees (routing on sampled drafts is lossy) and trees without confidences.
     """
-    tree = _check_tree(tree, name)
-    if not tree.deterministic:
-        raise ValueError(
-            f"{name}.process={tree.process!r}: routing on sampled drafts is lossy (choosing a tree after seeing "
-            "its draws breaks the i.i.d. draft law); route deterministic top-k trees and verify with NSS or greedy"
-        )
-    if not isinstance(tree, ScoredDraftTree):
-        raise ValueError(
-            f"{name} has no confidences: route needs a ScoredDraftTree (from draft_topk_tree or draft_dynatree)"
-        )
+    tree = check_routable(tree, name)
     scores = tree.confidences[1:]
     if not scores:
         return 0
@@ -260,181 +277,6 @@ def mean_tokens_per_step(accepted_lengths: Sequence[int]) -> Fraction:
     if not lengths:
         raise ValueError("accepted_lengths=[] is empty: tau needs at least one step")
     return Fraction(sum(tokens_per_step(a) for a in lengths), len(lengths))
-
-
-# ----- calibrated routing ------------------------------------------------------------------------------
-#: default bin edges over a node's draft probability q: [0, .1), [.1, .2), ..., [.9, 1] (q = 1 in the top bin)
-CALIBRATION_EDGES: tuple[float, ...] = tuple(i / 10 for i in range(11))
-
-
-@dataclass(frozen=True)
-class RouteCalibration:
-    """Per head, per bin of the draft probability ``q`` of a node's token: how often such a node was
-    *offered* (its parent's path equals the committed text and the committed block reaches its depth) and
-    how often it *matched* (its token is the next committed token). ``edges``: the ``nbins + 1`` bin edges,
-    from 0 to 1; ``offers[h][j]``, ``matches[h][j]`` for head ``h + 1`` and bin ``j``.
-    """
-
-    edges: tuple[float, ...] = CALIBRATION_EDGES
-    offers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
-    matches: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
-
-    def __post_init__(self) -> None:
-        edges = tuple(float(e) for e in self.edges)
-        if len(edges) < 2 or edges[0] != 0.0 or edges[-1] != 1.0 or any(
-                not lo < hi for lo, hi in zip(edges, edges[1:])):
-            raise ValueError(f"edges must increase strictly from 0 to 1, got edges={self.edges!r}")
-        nbins = len(edges) - 1
-        offers = self.offers if self.offers != ((), ()) else ((0,) * nbins, (0,) * nbins)
-        matches = self.matches if self.matches != ((), ()) else ((0,) * nbins, (0,) * nbins)
-        for name, counts in (("offers", offers), ("matches", matches)):
-            if len(counts) != 2 or any(len(row) != nbins for row in counts) or any(
-                    isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0
-                    for row in counts for c in row):
-                raise ValueError(f"{name} must hold two rows of {nbins} integers >= 0 (one per head), "
-                                 f"got {name}={counts!r}")
-        for h in range(2):
-            if any(m > o for m, o in zip(matches[h], offers[h])):
-                raise ValueError(f"matches={matches!r} exceeds offers={offers!r} for head {h + 1}")
-        object.__setattr__(self, "edges", edges)
-        object.__setattr__(self, "offers", tuple(tuple(int(c) for c in row) for row in offers))
-        object.__setattr__(self, "matches", tuple(tuple(int(c) for c in row) for row in matches))
-
-    @property
-    def num_bins(self) -> int:
-        return len(self.edges) - 1
-
-    def acceptance(self, head: int, bin_index: int) -> float:
-        """Laplace estimate ``(matches + 1) / (offers + 2)`` of P(match | offered) in one head's bin."""
-        return (self.matches[head - 1][bin_index] + 1) / (self.offers[head - 1][bin_index] + 2)
-
-
-def calibration_bin(q: Any, edges: Sequence[float] = CALIBRATION_EDGES) -> int:
-    """The bin ``j`` with ``edges[j] <= q < edges[j + 1]`` (q = 1 in the top bin), for ``q`` in (0, 1].
-
-    ``q`` is compared as a float64 (an exact ``Fraction(1, 10)`` lands in the bin starting at ``0.1``), as
-    the engine compares its float64 ratios of float32 confidences."""
-    if not 0 < q <= 1:
-        raise ValueError(f"q must lie in (0, 1], got q={q!r}")
-    value = float(q)
-    return sum(1 for e in edges[1:-1] if value >= e)
-
-
-def _scored(tree: Any, name: str) -> ScoredDraftTree:
-    mean_confidence(tree, name)  # the same refusals as route: sampled drafts, trees without confidences
-    assert isinstance(tree, ScoredDraftTree)
-    return tree
-
-
-def node_bins(tree: ScoredDraftTree, edges: Sequence[float] = CALIBRATION_EDGES) -> tuple[int, ...]:
-    """Per node the bin of its own draft probability ``q_i = c_i / c_parent`` (root: -1)."""
-    c = tree.confidences
-    return (-1,) + tuple(calibration_bin(c[i] / c[tree.parents[i]], edges) for i in range(1, tree.num_nodes))
-
-
-def calibrated_confidences(tree: DraftTree, calibration: RouteCalibration, head: int,
-                           name: str = "tree") -> tuple[float, ...]:
-    """Per node the product over its path of its nodes' bin estimates (root 1.0): the calibrated chance
-    that the target commits the node's whole path, had this tree been verified."""
-    tree = _scored(tree, name)
-    if not isinstance(calibration, RouteCalibration):
-        raise ValueError(f"calibration must be a RouteCalibration, got {type(calibration).__name__}")
-    if head not in (1, 2):
-        raise ValueError(f"head must be 1 or 2, got head={head!r}")
-    bins = node_bins(tree, calibration.edges)
-    out = [1.0]
-    for i in range(1, tree.num_nodes):
-        out.append(out[tree.parents[i]] * calibration.acceptance(head, bins[i]))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class CalibratedRouteResult:
-    """``head`` (1 or 2) chosen, its ``tree``, ``expected_accepted = (E_1, E_2)`` and each head's
-    ``calibrated_confidences`` (per node, root 1.0)."""
-
-    head: int
-    tree: DraftTree
-    expected_accepted: tuple[float, float]
-    calibrated_confidences: tuple[tuple[float, ...], tuple[float, ...]]
-
-
-def calibrated_route(tree_a: DraftTree, tree_b: DraftTree, calibration: RouteCalibration) -> CalibratedRouteResult:
-    """Route on calibrated confidences: verify the head with the larger expected number of accepted tokens.
-
-    Seed 000 scores a head by the mean of its raw confidences ``c_i`` (the drafter's own path probability).
-    A drafter's probabilities are not the target's: a retrieval draft proposes with probability 1, so its
-    ``mu = 1`` wins every step it has a match, whatever its real acceptance. Here each node's confidence is
-    replaced by its *calibrated* path probability ``c~_i`` (:func:`calibrated_confidences`, learned from the
-    committed text by :func:`update_calibration`), and the head score is ``E_h = sum_i c~_i`` over the draft
-    nodes (root excluded). For a deterministic tree verified greedily or by NSS a node's path is accepted
-    exactly when the committed tokens equal it, and the accepted path is one chain, so the accepted length
-    is the number of nodes whose path is committed and ``E[a] = sum_i P(path_i committed)``: ``E_h`` is
-    the calibrated estimate of the tree's expected accepted tokens, the quantity block efficiency counts.
-    The seed's mean is not: it falls when a tree adds a deeper node (a chain ``0.6, 0.36`` has mean 0.48,
-    one node at 0.55 has 0.55 though it accepts fewer tokens on average), so it prefers small, shallow trees.
-
-    ``h* = 1`` if ``E_1 >= E_2`` (ties to head 1), else 2. With an empty calibration every bin estimates 1/2,
-    so ``c~_i = 2^-depth(i)`` and the rule prefers the tree with more nodes near the root (a head with no
-    draft node scores 0), ties to head 1: two full chains of the same depth tie, so head 1 drafts until the
-    first committed block has been observed.
-
-    **Lossless.** The choice is a function of the two drafts (deterministic functions of the committed
-    text) and of the calibration (a function of past drafts and past committed text), all fixed before any
-    target draw of this step; verifying a deterministic tree so chosen with greedy or NSS leaves the output
-    law unchanged (greedy output stays equal to greedy decoding). Deterministic: no randomness.
-    """
-    conf_a = calibrated_confidences(tree_a, calibration, 1, "tree_a")
-    conf_b = calibrated_confidences(tree_b, calibration, 2, "tree_b")
-    e_a = sum(conf_a[1:], 0.0)
-    e_b = sum(conf_b[1:], 0.0)
-    head, tree = (1, tree_a) if e_a >= e_b else (2, tree_b)
-    return CalibratedRouteResult(head=head, tree=tree, expected_accepted=(e_a, e_b),
-                                 calibrated_confidences=(conf_a, conf_b))
-
-
-def head_observations(tree: DraftTree, committed: Sequence[int], edges: Sequence[float] = CALIBRATION_EDGES,
-                      name: str = "tree") -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(offers, matches)`` per bin that one head's tree shows against the step's committed block.
-
-    ``committed``: the tokens committed after the root (the accepted draft tokens, then the correction or
-    bonus token), length ``a + 1``. A node at depth ``d`` is *offered* when ``d <= len(committed)`` and its
-    parent's path equals ``committed[:d - 1]``; it *matches* when also its token is ``committed[d - 1]``.
-    Nodes deeper than the block, or below a node off the committed text, are unknown and not counted. This
-    needs only the committed text, so it holds for a head whose tree was not verified: at T > 0 the next
-    committed token at a reached context is a draw of the target's law there (NSS on a deterministic tree
-    samples p at every visited node), so P(match | offered) is the target probability of the node's token,
-    the chance that NSS accepts it, whichever tree was verified.
-    """
-    tree = _scored(tree, name)
-    block = [int(t) for t in committed]
-    if not block or any(t < 0 for t in block):
-        raise ValueError(f"committed must hold at least one token id >= 0, got committed={list(committed)!r}")
-    bins = node_bins(tree, edges)
-    nbins = len(edges) - 1
-    offers, matches = [0] * nbins, [0] * nbins
-    on_text = [True] + [False] * (tree.num_nodes - 1)  # node's path equals the committed prefix of its depth
-    for i in range(1, tree.num_nodes):
-        d = tree.depths[i]
-        if d > len(block) or not on_text[tree.parents[i]]:
-            continue
-        offers[bins[i]] += 1
-        if tree.tokens[i] == block[d - 1]:
-            matches[bins[i]] += 1
-            on_text[i] = True
-    return tuple(offers), tuple(matches)
-
-
-def update_calibration(calibration: RouteCalibration, tree_a: DraftTree, tree_b: DraftTree,
-                       committed: Sequence[int]) -> RouteCalibration:
-    """The calibration after one step: both heads' :func:`head_observations` added, whichever tree was
-    verified."""
-    if not isinstance(calibration, RouteCalibration):
-        raise ValueError(f"calibration must be a RouteCalibration, got {type(calibration).__name__}")
-    seen = [head_observations(t, committed, calibration.edges, n) for t, n in ((tree_a, "tree_a"), (tree_b, "tree_b"))]
-    offers = tuple(tuple(o + n for o, n in zip(calibration.offers[h], seen[h][0])) for h in range(2))
-    matches = tuple(tuple(m + n for m, n in zip(calibration.matches[h], seen[h][1])) for h in range(2))
-    return RouteCalibration(calibration.edges, (offers[0], offers[1]), (matches[0], matches[1]))
 
 
 # ----- greedy longest-match verification on the merged tree --------------------------------------------

@@ -15,12 +15,14 @@ budget of its depth), then
   would be lossy.
 * ``mode="route"``: :func:`route` scores each head by the mean confidence of its retained draft nodes
   (root excluded) and verifies only the winner's tree (ties to head 1): greedy at T = 0, NSS at T > 0.
-* ``mode="route-calibrated"``: :func:`calibrated_route` (:func:`spec_ref.dual.calibrated_route`) scores each
-  head by the expected accepted length of its tree under a per-row, per-head calibration of draft
-  probability to acceptance (:class:`RouteCalibration`, counts per bin of a node's own draft probability),
-  which :func:`observe_committed` updates from every committed block for both heads, verified or not. The
-  calibration is per generation: it lives in the engine's ``DecodeState``, never on the drafter. The choice
-  is fixed by the drafts and past committed text before any target draw of the step, so it is lossless.
+* ``mode="route-calibrated"``: :func:`calibrated_route` (:func:`spec_ref.dual_calibration.calibrated_route`)
+  scores each head by the expected accepted length of its tree under a per-row, per-head calibration of a
+  confidence feature to acceptance (:class:`RouteCalibration`; model heads: draft probability bins, a
+  retrieval head: the match length behind each node and whether the match had one follower), starting from
+  the head's prior table (``priors``, :func:`load_route_prior`) and updated by :func:`observe_committed`
+  from every committed block for both heads, verified or not. The calibration is per generation: it lives
+  in the engine's ``DecodeState``, never on the drafter. The choice is fixed by the drafts, the text and
+  the past before any target draw of the step, so it is lossless.
 
 Both heads stay in sync with the committed text (seed 000 section 7): after every step each head keeps
 the cache entries it holds for the accepted path and receives the rest of the committed tokens as pending
@@ -39,19 +41,27 @@ from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import DraftBatch
 from spec_fast.flat_tree import FlatTree
 from spec_fast.tree_attention import extend_ancestors
-from spec_ref.dual import CALIBRATION_EDGES
+from spec_fast.drafts.dual_calibration import (  # re-exported: the twin of spec_ref.dual_calibration
+    RouteCalibration, RoutePrior, calibrated_confidences, committed_block, expected_accepted, head_feature,
+    head_observations, load_route_prior, node_bins, node_classes, node_match_lengths, update_calibration,
+)
+from spec_ref import dual_calibration as ref_calibration
 
 __all__ = ["DualDrafter", "DualDraft", "merge_trees", "union_tree", "route", "mean_confidence", "tree_layout",
-           "DUAL_MODES", "RouteCalibration", "node_bins", "calibrated_confidences", "calibrated_route",
+           "DUAL_MODES", "RouteCalibration", "RoutePrior", "load_route_prior", "head_feature", "node_match_lengths",
+           "node_bins", "node_classes", "calibrated_confidences", "expected_accepted", "calibrated_route",
            "committed_block", "head_observations", "update_calibration", "observe_committed"]
 
 DUAL_MODES = ("merge", "route", "route-calibrated")
 
 
 class DualDrafter(Drafter):
-    """Two drafters drafting side by side (module docstring). ``first`` is head 1 (wins ties)."""
+    """Two drafters drafting side by side (module docstring). ``first`` is head 1 (wins ties). ``priors``:
+    per head the prior table of ``route-calibrated`` (None: 1/2 per class), e.g.
+    ``(load_route_prior("rnn"), load_route_prior("retrieval"))``; each must be for its head's feature."""
 
-    def __init__(self, first: Drafter, second: Drafter, mode: str = "merge") -> None:
+    def __init__(self, first: Drafter, second: Drafter, mode: str = "merge",
+                 priors: tuple[RoutePrior | None, RoutePrior | None] = (None, None)) -> None:
         if mode not in DUAL_MODES:
             raise ValueError(f"mode must be one of {DUAL_MODES}, got mode={mode!r}")
         for name, head in (("first", first), ("second", second)):
@@ -64,6 +74,19 @@ class DualDrafter(Drafter):
         self.mode = mode
         self.vocab_size = first.vocab_size
         self.wants_target_hidden = bool(first.wants_target_hidden or second.wants_target_hidden)
+        self.features = (head_feature(first), head_feature(second))
+        if len(priors) != 2 or any(p is not None and not isinstance(p, RoutePrior) for p in priors):
+            raise ValueError(f"priors must be two RoutePrior or None (one per head), got priors={priors!r}")
+        for name, prior, feature in zip(("first", "second"), priors, self.features):
+            if prior is not None and prior.feature != feature:
+                raise ValueError(f"priors: the {name} head is classed by {feature!r}, got a table for "
+                                 f"{prior.feature!r}")
+        self.priors = (priors[0], priors[1])
+
+    def initial_calibration(self) -> ref_calibration.RouteCalibration:
+        """Where every ``route-calibrated`` generation starts: no observations, the heads' prior tables."""
+        rows = tuple(p.rates if p is not None else () for p in self.priors)
+        return ref_calibration.RouteCalibration(features=self.features, prior=(rows[0], rows[1]))
 
     @property
     def heads(self) -> tuple[Drafter, Drafter]:
@@ -101,7 +124,8 @@ class DualDraft:
     ``choice [B]`` long: the routed head (1 or 2), or None when merged;
     ``mean_confidences [B, 2]``: ``(mu_1, mu_2)`` (route only);
     ``expected_accepted [B, 2]`` float64: ``(E_1, E_2)`` (route-calibrated only);
-    ``head_drafts``: both heads' own drafts (routes; the calibration compares both with the committed text).
+    ``head_drafts``: both heads' own drafts (routes; the calibration compares both with the committed text);
+    ``head_match_lengths``: per head its :func:`node_match_lengths` (route-calibrated, retrieval heads).
     """
 
     batch: DraftBatch
@@ -111,6 +135,7 @@ class DualDraft:
     mean_confidences: torch.Tensor | None = None
     expected_accepted: torch.Tensor | None = None
     head_drafts: tuple[DraftBatch, DraftBatch] | None = None
+    head_match_lengths: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
 
 def _pad_slots(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
@@ -271,110 +296,17 @@ def _select(first: DraftBatch, second: DraftBatch, pick_first: torch.Tensor) -> 
     return DualDraft(chosen, (entries_a, entries_b), heads, choice, head_drafts=(first, second))
 
 
-# ----- calibrated routing -------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class RouteCalibration:
-    """Per row and head, per bin of a node's own draft probability ``q`` (:class:`spec_ref.dual.RouteCalibration`):
-    ``offers [B, 2, nbins]`` and ``matches [B, 2, nbins]`` long counts; ``edges [nbins + 1]`` float64 bin
-    edges from 0 to 1 (q = 1 in the top bin)."""
-
-    edges: torch.Tensor
-    offers: torch.Tensor
-    matches: torch.Tensor
-
-    @staticmethod
-    def empty(batch_size: int, device: torch.device,
-              edges: tuple[float, ...] = CALIBRATION_EDGES) -> RouteCalibration:
-        """No observations yet: every bin estimates 1/2 (Laplace)."""
-        nbins = len(edges) - 1
-        zeros = torch.zeros(batch_size, 2, nbins, dtype=torch.long, device=device)
-        return RouteCalibration(torch.tensor(edges, dtype=torch.float64, device=device), zeros, zeros.clone())
-
-
-def node_bins(draft: DraftBatch, edges: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` long: the bin of each node's own draft probability ``q_i = c_i / c_parent`` (float64 ratio
-    of the float32 confidences, as :func:`spec_ref.dual.node_bins` on the same values); 0 on the root and
-    on invalid slots."""
-    c = draft.confidences.double()
-    q = c / torch.gather(c, 1, draft.tree.parents.clamp(min=0))
-    bins = (q.unsqueeze(-1) >= edges[1:-1]).sum(dim=-1)
-    nodes = draft.tree.valid & (draft.tree.parents >= 0)
-    return torch.where(nodes, bins, torch.zeros_like(bins))
-
-
-def calibrated_confidences(draft: DraftBatch, calibration: RouteCalibration, head: int) -> torch.Tensor:
-    """``[B, N]`` float64: per node the product over its path of the bins' ``(matches + 1) / (offers + 2)``
-    (root 1, invalid slots 0; :func:`spec_ref.dual.calibrated_confidences`), root to node in that order."""
-    tree = draft.tree
-    bins = node_bins(draft, calibration.edges)
-    offers = torch.gather(calibration.offers[:, head - 1], 1, bins)
-    matches = torch.gather(calibration.matches[:, head - 1], 1, bins)
-    factor = (matches + 1).double() / (offers + 2).double()
-    conf = torch.ones_like(factor)
-    parents = tree.parents.clamp(min=0)
-    for depth in range(1, draft.max_depth + 1):
-        conf = torch.where(tree.depths == depth, torch.gather(conf, 1, parents) * factor, conf)
-    return torch.where(tree.valid, conf, torch.zeros_like(conf))
-
-
-def _expected_accepted(draft: DraftBatch, calibration: RouteCalibration, head: int) -> torch.Tensor:
-    conf = calibrated_confidences(draft, calibration, head)
-    return conf[:, 1:].sum(dim=1)
-
-
-def calibrated_route(first: DraftBatch, second: DraftBatch, calibration: RouteCalibration) -> DualDraft:
-    """Calibrated routing (:func:`spec_ref.dual.calibrated_route`): per row head 1's tree if
-    ``E_1 >= E_2``, else head 2's, where ``E_h`` is the sum over the head's draft nodes of their
-    calibrated path probabilities (the expected accepted length; with an empty calibration
-    ``sum 2^-depth``). Device-side, no host read."""
-    expected = torch.stack([_expected_accepted(first, calibration, 1), _expected_accepted(second, calibration, 2)],
-                           dim=1)  # [B, 2]
-    return replace(_select(first, second, expected[:, 0] >= expected[:, 1]), expected_accepted=expected)
-
-
-def committed_block(tokens: torch.Tensor, accepted_slots: torch.Tensor, accepted_depth: torch.Tensor,
-                    next_token: torch.Tensor) -> torch.Tensor:
-    """``[B, D + 1]`` long: the tokens committed after the root, -1 padded: the accepted draft tokens
-    ``tokens [B, N]`` at ``accepted_slots [B, D + 1]`` (root first), then ``next_token [B]`` at index
-    ``accepted_depth [B]``."""
-    width = accepted_slots.shape[1]
-    drafted = torch.gather(tokens, 1, accepted_slots[:, 1:].clamp(min=0))  # [B, D]
-    index = torch.arange(width, device=tokens.device).unsqueeze(0)
-    depth = accepted_depth.unsqueeze(1)
-    padded = torch.cat([drafted, torch.full_like(drafted[:, :1], -1)], dim=1)
-    return torch.where(index < depth, padded, torch.where(index == depth, next_token.unsqueeze(1), -1))
-
-
-def head_observations(draft: DraftBatch, committed: torch.Tensor, edges: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offers, matches)`` ``[B, nbins]`` long that one head's tree shows against ``committed [B, L]``
-    (-1 padded; :func:`spec_ref.dual.head_observations`): a node at depth ``d`` is offered when the block
-    reaches ``d`` and its parent's path is the committed prefix, and matches when its token is the
-    committed token at ``d``."""
-    tree = draft.tree
-    length = (committed >= 0).sum(dim=1, keepdim=True)  # [B, 1]
-    at_depth = torch.gather(committed, 1, (tree.depths - 1).clamp(min=0, max=committed.shape[1] - 1))
-    parents = tree.parents.clamp(min=0)
-    on_text = torch.zeros_like(tree.valid)
-    on_text[:, 0] = True
-    offered = torch.zeros_like(tree.valid)
-    for depth in range(1, draft.max_depth + 1):
-        level = tree.valid & (tree.depths == depth) & (length >= depth) & torch.gather(on_text, 1, parents)
-        offered = offered | level
-        on_text = on_text | (level & (tree.tokens == at_depth))
-    on_text[:, 0] = False
-    one_hot = torch.nn.functional.one_hot(node_bins(draft, edges), edges.shape[0] - 1)  # [B, N, nbins]
-    return ((one_hot * offered.unsqueeze(-1)).sum(dim=1), (one_hot * on_text.unsqueeze(-1)).sum(dim=1))
-
-
-def update_calibration(calibration: RouteCalibration, first: DraftBatch, second: DraftBatch,
-                       committed: torch.Tensor, active: torch.Tensor) -> RouteCalibration:
-    """Both heads' observations added on the ``active [B]`` rows (:func:`spec_ref.dual.update_calibration`)."""
-    seen = [head_observations(d, committed, calibration.edges) for d in (first, second)]
-    keep = active.view(-1, 1, 1)
-    offers = calibration.offers + torch.stack([seen[0][0], seen[1][0]], dim=1) * keep
-    matches = calibration.matches + torch.stack([seen[0][1], seen[1][1]], dim=1) * keep
-    return RouteCalibration(calibration.edges, offers, matches)
+# ----- calibrated routing (bookkeeping in spec_fast.drafts.dual_calibration) --------------------------------
+def calibrated_route(first: DraftBatch, second: DraftBatch, calibration: RouteCalibration,
+                     match_lengths: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> DualDraft:
+    """Calibrated routing (:func:`spec_ref.dual_calibration.calibrated_route`): per row head 1's tree if
+    ``E_1 >= E_2``, else head 2's, where ``E_h`` is the sum over the head's draft nodes of their calibrated
+    path probabilities (the expected accepted length). ``match_lengths[h]``: :func:`node_match_lengths` of a
+    head classed by match length. Device-side, no host read."""
+    expected = torch.stack([expected_accepted(first, calibration, 1, match_lengths[0]),
+                            expected_accepted(second, calibration, 2, match_lengths[1])], dim=1)  # [B, 2]
+    return replace(_select(first, second, expected[:, 0] >= expected[:, 1]), expected_accepted=expected,
+                   head_match_lengths=match_lengths)
 
 
 def observe_committed(calibration: RouteCalibration, dual: DualDraft, accepted_slots: torch.Tensor,
@@ -385,7 +317,8 @@ def observe_committed(calibration: RouteCalibration, dual: DualDraft, accepted_s
         raise ValueError("observe_committed needs a routed DualDraft (it compares both heads' drafts)")
     block = committed_block(dual.batch.tree.tokens, accepted_slots, accepted_depth, next_token)
     rows = torch.tensor(active, dtype=torch.bool, device=block.device)
-    return update_calibration(calibration, dual.head_drafts[0], dual.head_drafts[1], block, rows)
+    return update_calibration(calibration, dual.head_drafts[0], dual.head_drafts[1], block, rows,
+                              dual.head_match_lengths)
 
 
 def tree_layout(tree: FlatTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,8 +1,10 @@
-"""Calibrated routing (spec_ref.dual.calibrated_route, docs/algorithms.md section 8): the per-head calibration
+"""Calibrated routing (spec_ref.dual_calibration, docs/algorithms.md section 8): the per-head calibration
 counts on hand-built trees and committed blocks (a head whose tree was not verified, nodes beyond the
 committed block, nodes below a node off the committed text), the empty calibration's rule, expected accepted
-length versus the seed's mean, and a pair where the calibration learns to leave a confident but wrong head.
-All exact or exact up to float64 rounding of Laplace ratios."""
+length versus the seed's mean, a pair where the calibration learns to leave a confident but wrong head, the
+match-length classes of a retrieval head (which tell a long grounded match from a short chance one where
+its probability-1 bin cannot), the prior table and the per-call level factor. All exact (dyadic values) or
+exact up to float64 rounding of the estimates."""
 
 from __future__ import annotations
 
@@ -14,12 +16,17 @@ import pytest
 from spec_ref import ScoredDraftTree, draft_delayed_tree, route
 from spec_ref.dual import (
     CALIBRATION_EDGES,
+    MATCH_LENGTH_EDGES,
+    num_classes,
     RouteCalibration,
     calibrated_confidences,
     calibrated_route,
     calibration_bin,
     head_observations,
+    match_class,
     node_bins,
+    node_classes,
+    prior_rates,
     update_calibration,
 )
 
@@ -103,18 +110,17 @@ def test_an_empty_calibration_scores_each_node_two_to_the_minus_depth() -> None:
 
 
 def test_the_score_is_the_expected_accepted_length_not_the_seeds_mean() -> None:
-    """Head 1's chain has calibrated path probabilities 0.6, 0.36 (mean 0.48, expected accepted 0.96),
-    head 2's single node 0.55: the mean would pick head 2, which accepts fewer tokens on average."""
-    offers = tuple(3 if j == 9 else 0 for j in range(NBINS))  # head 1, bin 9: 2 of 3 -> 3/5
-    matches = tuple(2 if j == 9 else 0 for j in range(NBINS))
-    offers2 = tuple(18 if j == 5 else 0 for j in range(NBINS))  # head 2, bin 5: 10 of 18 -> 11/20
-    matches2 = tuple(10 if j == 5 else 0 for j in range(NBINS))
-    calibration = RouteCalibration(CALIBRATION_EDGES, (offers, offers2), (matches, matches2))
+    """Head 1's chain has calibrated path probabilities 0.625, 0.390625 (mean 0.51, expected accepted 1.02),
+    head 2's single node 0.5625: the mean would pick head 2, which accepts fewer tokens on average. (Prior
+    rates with no observations: the estimate is the table's rate, dyadic so every value is exact.)"""
+    prior1 = tuple(0.625 if j == 9 else 0.5 for j in range(NBINS))
+    prior2 = tuple(0.5625 if j == 5 else 0.5 for j in range(NBINS))
+    calibration = RouteCalibration(prior=(prior1, prior2))
     chain = tree([(0, 3, F(1)), (1, 4, F(1))])
     single = tree([(0, 5, F(1, 2))])
     result = calibrated_route(chain, single, calibration)
-    assert result.calibrated_confidences == ((1.0, 0.6, 0.6 * 0.6), (1.0, 0.55))
-    assert result.expected_accepted == (0.6 + 0.6 * 0.6, 0.55) and result.head == 1
+    assert result.calibrated_confidences == ((1.0, 0.625, 0.390625), (1.0, 0.5625))
+    assert result.expected_accepted == (1.015625, 0.5625) and result.head == 1
     mean = [sum(c[1:]) / (len(c) - 1) for c in result.calibrated_confidences]
     assert mean[0] < mean[1]  # the seed's statistic on the same calibrated confidences picks head 2
 
@@ -147,9 +153,9 @@ def test_calibration_and_routing_reject_bad_inputs() -> None:
         RouteCalibration((0.0, 0.5, 0.4, 1.0))
     with pytest.raises(ValueError, match="edges must increase strictly from 0 to 1"):
         RouteCalibration((0.1, 1.0))
-    with pytest.raises(ValueError, match="offers must hold two rows of 2 integers"):
+    with pytest.raises(ValueError, match="offers must hold two rows of 2 and 2 integers"):
         RouteCalibration((0.0, 0.5, 1.0), ((0, 0, 0), (0, 0)), ((0, 0), (0, 0)))
-    with pytest.raises(ValueError, match="matches must hold two rows of 2 integers"):
+    with pytest.raises(ValueError, match="matches must hold two rows of 2 and 2 integers"):
         RouteCalibration((0.0, 0.5, 1.0), ((1, 0), (0, 0)), ((-1, 0), (0, 0)))
     with pytest.raises(ValueError, match="exceeds offers"):
         RouteCalibration((0.0, 0.5, 1.0), ((1, 0), (0, 0)), ((2, 0), (0, 0)))
@@ -163,6 +169,105 @@ def test_calibration_and_routing_reject_bad_inputs() -> None:
         calibrated_confidences(chain, RouteCalibration(), 3)
     with pytest.raises(ValueError, match="calibration must be a RouteCalibration"):
         calibrated_route(chain, chain, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="features must be two of"):
+        RouteCalibration(features=("probability", "length"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"prior must hold two rows of 10 and 16 rates in \(0, 1\]"):
+        RouteCalibration(features=("probability", "match-length"), prior=((), (0.5,) * 10))
+    with pytest.raises(ValueError, match=r"prior must hold two rows of 10 and 10 rates in \(0, 1\]"):
+        RouteCalibration(prior=((0.0,) * 10, ()))
+    with pytest.raises(ValueError, match="prior_weight must be a finite number > 0, got prior_weight=0"):
+        RouteCalibration(prior_weight=0)
+    with pytest.raises(ValueError, match="match_length must be an integer >= 0, got match_length=-1"):
+        match_class(-1, 1)
+    with pytest.raises(ValueError, match="matches=\\[3\\] exceeds offers=\\[2\\]"):
+        prior_rates([2], [3])
+    with pytest.raises(ValueError, match="match_lengths must give one match length per node of tree_b"):
+        calibrated_route(chain, chain, RouteCalibration(features=("probability", "match-length")))
+    with pytest.raises(ValueError, match="feature must be one of"):
+        head_observations(chain, [3], feature="q")
     sampled = draft_delayed_tree(lambda prefix: [F(1, 2), F(1, 2)], 2, 0, 1, 2)
     with pytest.raises(ValueError, match="tree_a.process='iid': routing on sampled drafts is lossy"):
         calibrated_route(sampled, chain, RouteCalibration())
+
+
+def test_match_classes_split_by_length_and_single_follower() -> None:
+    lengths = [0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 16]
+    assert [match_class(m, F(1)) for m in lengths] == [1, 3, 5, 7, 9, 9, 11, 11, 13, 13, 15, 15]
+    assert [match_class(m, F(1, 2)) for m in (0, 3, 12)] == [0, 6, 14]
+    assert num_classes("match-length") == 2 * len(MATCH_LENGTH_EDGES) == 16
+    # a node's class reads the match behind it (the law at its parent) and its own q = c_i / c_parent
+    chain = tree([(0, 3, F(1)), (1, 4, F(2, 3))])
+    assert node_classes(chain, "match-length", [-1, 2, 9]) == (-1, 5, 12)
+    assert node_classes(chain, "probability") == node_bins(chain) == (-1, 9, 6)
+
+
+def test_prior_rates_and_the_level_factor() -> None:
+    """r0 = (m + 1) / (o + 2); f_h = (M + c) / (sum_k o_k r0_k + c); a = (m + w min(1, f r0)) / (o + w)."""
+    assert prior_rates([2, 0, 6], [1, 0, 6]) == (0.5, 0.5, 0.875)
+    rates = tuple(0.25 if j < 5 else 0.75 for j in range(NBINS))
+    offers = tuple(4 if j in (2, 8) else 0 for j in range(NBINS))
+    matches = tuple(3 if j == 8 else 0 for j in range(NBINS))  # bin 2: 0 of 4, bin 8: 3 of 4
+    calibration = RouteCalibration(offers=(offers, offers), matches=(matches, matches), prior=(rates, ()))
+    # head 1 expected 4 * 0.25 + 4 * 0.75 = 4 matches, saw 3: f = 5 / 6; head 2 (flat 1/2) expected 4: also 5 / 6
+    assert calibration.level(1) == 5 / 6 and calibration.level(2) == 5 / 6
+    assert calibration.acceptance(1, 2) == (0 + 4 * (5 / 6 * 0.25)) / 8
+    assert calibration.acceptance(1, 8) == (3 + 4 * (5 / 6 * 0.75)) / 8
+    assert calibration.acceptance(1, 0) == 5 / 6 * 0.25  # no offers: the re-levelled table
+    hot = RouteCalibration(offers=(offers, offers), prior=(rates, ()),
+                           matches=(tuple(4 if j == 2 else m for j, m in enumerate(matches)), matches))
+    assert hot.level(1) == 1.5  # 7 matches where the table expects 4
+    assert hot.acceptance(1, 4) == 0.375 and hot.acceptance(1, 9) == 1.0  # f r0 = 1.125: capped at 1
+
+
+def test_the_prior_table_decides_the_first_step() -> None:
+    """Without a table two chains of the same depth tie and head 1 drafts first; with tables in which the
+    retrieval head's single-follower matches of length 8-11 are accepted 90% of the time and the model's
+    q in [0.5, 0.6) half the time, the first step already goes to the retrieval head."""
+    model = tree([(0, 3, F(11, 20)), (1, 4, F(11, 20))])
+    retrieval = tree([(0, 3, F(1)), (1, 4, F(1))])
+    lengths = (None, [-1, 9, 10])
+    flat = RouteCalibration(features=("probability", "match-length"))
+    assert calibrated_route(model, retrieval, flat, lengths).expected_accepted == (0.75, 0.75)
+    assert calibrated_route(model, retrieval, flat, lengths).head == 1
+    table = RouteCalibration(features=("probability", "match-length"),
+                             prior=((0.5,) * NBINS, tuple(0.9 if k == 13 else 0.25 for k in range(16))))
+    result = calibrated_route(model, retrieval, table, lengths)
+    assert result.head == 2 and result.expected_accepted[1] == pytest.approx(0.9 + 0.81)
+
+
+def test_match_lengths_tell_a_good_retrieval_step_from_a_poor_one() -> None:
+    """A retrieval head proposes every token with q = 1; its proposals behind matches of 8+ tokens are right,
+    behind 1-token matches wrong. A model head is right half the time at q = 0.5. Classed by its probability
+    the retrieval head has one bin for both, so after a balanced history it scores the same at every step;
+    classed by match length it wins exactly the steps with a long match."""
+    text = [5, 2, 7, 1, 4, 6, 3, 0] * 4
+    def retrieval_step(position: int, long: bool) -> tuple[ScoredDraftTree, list[int]]:
+        right = text[position]
+        return tree([(0, right if long else (right + 1) % 8, F(1))]), [-1, 9 if long else 1]
+    model = tree([(0, 0, F(1, 2))])
+    by_length = RouteCalibration(features=("probability", "match-length"))
+    by_probability = RouteCalibration()
+    for position in range(16):  # a history: long and short matches alternate; the model's right half the time
+        drafted, lengths = retrieval_step(position, position % 2 == 0)
+        model_tree = tree([(0, text[position] if position % 4 < 2 else 99, F(1, 2))])
+        committed = [text[position]]
+        by_length = update_calibration(by_length, model_tree, drafted, committed, (None, lengths))
+        by_probability = update_calibration(by_probability, model_tree, drafted, committed)
+    assert by_probability.offers[1][9] == 16 and by_probability.matches[1][9] == 8
+    for long in (True, False):
+        drafted, lengths = retrieval_step(16, long)
+        assert calibrated_route(model, drafted, by_length, (None, lengths)).head == (2 if long else 1)
+        # one bin for both kinds of step: the same score whatever the match, a tie with the model (to head 1)
+        plain = calibrated_route(model, drafted, by_probability)
+        assert plain.expected_accepted == (0.5, 0.5) and plain.head == 1
+
+
+def test_update_calibration_keeps_features_prior_and_weights() -> None:
+    chain = tree([(0, 3, F(1)), (1, 4, F(1))])
+    start = RouteCalibration(features=("probability", "match-length"), prior=((), (0.25,) * 16),
+                             prior_weight=2.0, level_weight=3.0)
+    after = update_calibration(start, chain, chain, [3, 4, 9], (None, [-1, 2, 3]))
+    assert (after.features, after.prior, after.prior_weight, after.level_weight) == (
+        start.features, start.prior, 2.0, 3.0)
+    assert after.offers[0][9] == 2 and after.matches[0][9] == 2
+    assert after.offers[1] == tuple(1 if k in (5, 7) else 0 for k in range(16)) == after.matches[1]
