@@ -351,6 +351,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "study"))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the configurations of a killed run's study.partial.json under --out, run the rest")
     args = parser.parse_args()
     if args.tables_from:
         runs = []
@@ -375,12 +377,19 @@ def main() -> None:
     kinds = load_prompts()
     prompts = [chat_prompt_ids(tokenizer, p) for texts in kinds.values() for p in texts[:per_kind]]
     started = time.time()
-    rows = []
+    rows: list[dict[str, Any]] = []
     os.makedirs(args.out, exist_ok=True)
     partial = os.path.join(args.out, "study.partial.json")
+    if args.resume and os.path.exists(partial):
+        with open(partial) as fh:
+            rows = json.load(fh)
+    done = {(r["temperature"], r["top_p"], r["method"], r["strategy"]) for r in rows}
+    resumed = len(rows)
     for temperature, top_p in settings:
         for method in methods:
             for strategy in shapes(method, grid):
+                if (temperature, top_p, method, strategy) in done:
+                    continue
                 row = run_config(target, drafter, prompts, strategy, method, temperature, top_p, new_tokens,
                                  args.seed)
                 rows.append(row)
@@ -399,6 +408,9 @@ def main() -> None:
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "wall seconds": round(time.time() - started, 1),
     }
+    if resumed:
+        meta["resumed"] = (f"{resumed} configurations kept from a killed run's study.partial.json; "
+                           "wall seconds count this run only")
     with open(os.path.join(args.out, "study.json"), "w") as fh:
         json.dump({"meta": meta, "results": rows}, fh, indent=2)
     os.remove(partial)
