@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="weights of a Llama-family target (runs the lean forward): int8/int4 re-quantised, "
                           "gguf = a GGUF file's own Q4_1/Q8_0 blocks as stored")
     gen.add_argument("--lean", action="store_true",
-                     help="run a Llama-family target with the lean forward (spec_fast.lean) even unquantised")
+                     help="require the lean forward (spec_fast.lean); a float32 Llama-family target runs on it anyway, "
+                          "this makes any other model an error instead of running on transformers")
     gen.add_argument("--system", default=None, help="optional system message")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-stream", action="store_true", help="print the text only at the end")

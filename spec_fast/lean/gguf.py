@@ -1,13 +1,13 @@
 """A :class:`~spec_fast.lean.model.LeanLlama` read straight from a Llama-architecture GGUF file.
 
 transformers' GGUF path builds a full HF model first (de-quantising every tensor into it) and the lean
-forward then copies that model. :func:`lean_from_gguf` skips the HF model: it reads the file with the
-``gguf`` package, de-quantises each tensor with the same ``gguf.dequantize`` transformers uses, undoes
+forward then copies that model. :func:`lean_from_gguf` skips the HF model: it reads the file's tensor table
+(:mod:`spec_fast.lean.gguf_file`), de-quantises each tensor with the same ``gguf.dequantize`` transformers uses, undoes
 llama.cpp's row permutation of the query and key projections (the converter interleaves the two halves of
 each head's rotary dimensions), and hands :meth:`LeanLlama.from_hf` a stand-in with HF's attribute layout,
-so the lean model is built by exactly the code that builds it from an HF model. Only the configuration is
-an HF object (``LlamaConfig``: the lean forward reads its fields, and the engine reads
-``max_position_embeddings``).
+so the lean model is built by exactly the code that builds it from an HF model. The configuration carries
+``LlamaConfig``'s attribute names (the lean forward reads its fields, and the engine reads
+``max_position_embeddings``) without importing transformers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spec_fast.lean.gguf_file import GGUFFile, read_gguf_file
 from spec_fast.lean.model import LeanLlama
 
 __all__ = ["BlockWeight", "lean_from_gguf", "read_gguf_llama", "gguf_llama_config", "unpermute_rotary_rows"]
@@ -64,44 +65,33 @@ def read_blocks(data: np.ndarray, type_name: str) -> BlockWeight:
     return BlockWeight(kind, torch.from_numpy(values), torch.from_numpy(scales), None)
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    value = field.parts[field.data[0]]
-    if field.types and field.types[0].name == "STRING":
-        return bytes(value).decode("utf-8")
-    return value.tolist()[0]
-
-
-def gguf_llama_config(reader: Any) -> Any:
-    """The ``LlamaConfig`` of an open ``gguf.GGUFReader`` over a ``general.architecture = llama`` file."""
-    from transformers import LlamaConfig
-
-    arch = _field(reader, "general.architecture")
+def gguf_llama_config(gguf: GGUFFile) -> SimpleNamespace:
+    """The configuration of a ``general.architecture = llama`` file in the attribute names of transformers'
+    ``LlamaConfig`` (what :meth:`LeanLlama.from_hf` and the engine read; no transformers import)."""
+    fields = gguf.fields
+    arch = fields.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"lean_from_gguf reads Llama-architecture GGUF files, got general.architecture={arch!r}")
-    names = {t.name for t in reader.tensors}
-    hidden = int(_field(reader, "llama.embedding_length"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    vocab = _field(reader, "llama.vocab_size")
+    names = {t.name for t in gguf.tensors}
+    hidden = int(fields["llama.embedding_length"])
+    heads = int(fields["llama.attention.head_count"])
+    vocab = fields.get("llama.vocab_size")
     if vocab is None:  # older converters leave it out; the embedding's row count is the vocabulary
-        vocab = next(int(t.shape[-1]) for t in reader.tensors if t.name == "token_embd.weight")
-    rope_dim = _field(reader, "llama.rope.dimension_count")
+        vocab = next(int(t.shape[-1]) for t in gguf.tensors if t.name == "token_embd.weight")
+    rope_dim = fields.get("llama.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != hidden // heads:
         raise ValueError(f"partial rotary embeddings are not supported: llama.rope.dimension_count={rope_dim}")
-    if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
+    if fields.get("llama.rope.scaling.type") not in (None, "none"):
         raise ValueError("RoPE scaling in a GGUF file is not supported by lean_from_gguf")
-    return LlamaConfig(
-        vocab_size=int(vocab), hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, "llama.block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, "llama.attention.head_count_kv") or heads),
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_parameters={"rope_type": "default",
-                         "rope_theta": float(_field(reader, "llama.rope.freq_base") or 10000.0)},
-        tie_word_embeddings="output.weight" not in names, hidden_act="silu",
+    return SimpleNamespace(
+        model_type="llama", vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(fields["llama.feed_forward_length"]),
+        num_hidden_layers=int(fields["llama.block_count"]), num_attention_heads=heads,
+        num_key_value_heads=int(fields.get("llama.attention.head_count_kv") or heads), head_dim=hidden // heads,
+        max_position_embeddings=int(fields["llama.context_length"]),
+        rms_norm_eps=float(fields["llama.attention.layer_norm_rms_epsilon"]),
+        rope_parameters={"rope_type": "default", "rope_theta": float(fields.get("llama.rope.freq_base") or 10000.0)},
+        tie_word_embeddings="output.weight" not in names, hidden_act="silu", attention_bias=False, mlp_bias=False,
     )
 
 
@@ -148,25 +138,25 @@ def read_gguf_llama(path: str, keep_blocks: bool = False) -> Any:
     :meth:`LeanLlama.from_hf` reads, de-quantised to float32. With ``keep_blocks`` each linear layer stored
     as Q4_1 or Q8_0 also carries its :class:`BlockWeight` (``.blocks``) and no de-quantised weight (the
     embedding is de-quantised anyway: lookups read it)."""
-    from gguf import GGUFReader, dequantize
+    from gguf import GGMLQuantizationType, dequantize
 
     if not os.path.isfile(path):
         raise ValueError(f"GGUF file not found: path={path!r}")
-    reader = GGUFReader(path)
-    config = gguf_llama_config(reader)
+    gguf = read_gguf_file(path)
+    config = gguf_llama_config(gguf)
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     tensors: dict[str, torch.Tensor] = {}
     blocks: dict[str, BlockWeight] = {}
-    for tensor in reader.tensors:
+    for tensor in gguf.tensors:
         heads_of = heads if ".attn_q." in tensor.name else kv_heads if ".attn_k." in tensor.name else 0
-        if keep_blocks and tensor.tensor_type.name in _BLOCK_TYPES:
-            block = read_blocks(np.asarray(tensor.data), tensor.tensor_type.name)
+        if keep_blocks and tensor.type_name in _BLOCK_TYPES:
+            block = read_blocks(np.asarray(tensor.data), tensor.type_name)
             if heads_of:
                 block = block.rows(unpermute_rotary_rows(np.arange(int(tensor.data.shape[0])), heads_of))
             blocks[tensor.name] = block
             if tensor.name != "token_embd.weight":
                 continue
-        array = dequantize(tensor.data, tensor.tensor_type)
+        array = dequantize(tensor.data, GGMLQuantizationType(tensor.type_id))
         if heads_of:
             array = unpermute_rotary_rows(array, heads_of)
         tensors[tensor.name] = torch.from_numpy(np.copy(array)).float()

@@ -125,3 +125,52 @@ def test_the_gguf_blocks_model_is_the_float32_model_up_to_rounding(gguf_tensors:
     for strategy in ("chain:3", "topk:2,2,4"):
         spec = SpeculativeDecoder(blocks, drafter, parse_strategy(strategy)).generate([prompt], max_new_tokens=24)
         assert spec.tokens[0] == plain[0], strategy
+
+
+@pytest.mark.model
+def test_the_file_reader_sees_what_the_gguf_package_sees() -> None:
+    """spec_fast.lean.gguf_file reads the same tensor table (names, types, shapes, bytes) and scalar fields as
+    gguf.GGUFReader, skipping array fields (the tokenizer's), and refuses what is not GGUF v2/v3."""
+    from gguf import GGUFReader
+
+    from spec_fast.lean.gguf_file import read_gguf_file
+
+    path = os.path.join(default_model_dir(), DEFAULT_GGUF)
+    ours, reference = read_gguf_file(path), GGUFReader(path)
+    assert [t.name for t in ours.tensors] == [t.name for t in reference.tensors]
+    for mine, theirs in zip(ours.tensors, reference.tensors):
+        assert mine.type_name == theirs.tensor_type.name
+        assert mine.shape == tuple(int(d) for d in theirs.shape)
+        assert mine.data.dtype == theirs.data.dtype and mine.data.shape == theirs.data.shape
+        assert np.array_equal(mine.data, theirs.data), mine.name
+    arrays = 0
+    for key, field in reference.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if field.types[0].name == "ARRAY":
+            arrays += 1
+            assert ours.fields[key] is None
+            continue
+        value = field.parts[field.data[0]]
+        expected = bytes(value).decode() if field.types[0].name == "STRING" else value.tolist()[0]
+        assert ours.fields[key] == expected, key
+    assert arrays >= 3  # the vocabulary, token types and merges were skipped, not misread
+
+
+def test_the_file_reader_refuses_files_that_are_not_gguf(tmp_path: Any) -> None:
+    import struct
+
+    from spec_fast.lean.gguf_file import read_gguf_file
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ValueError, match="bad magic"):
+        read_gguf_file(str(bad))
+    old = tmp_path / "old.gguf"
+    old.write_bytes(b"GGUF" + struct.pack("<IQQ", 1, 0, 0))
+    with pytest.raises(ValueError, match="version 1"):
+        read_gguf_file(str(old))
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + struct.pack("<Q", 40) + b"general")
+    with pytest.raises(ValueError, match="truncated"):
+        read_gguf_file(str(truncated))
