@@ -13,7 +13,14 @@ over both runs divided by that of ``ar`` on the same prompt, and a workload's sp
 its prompts (the pooled ratio, total tokens / total seconds, is also recorded). Greedy outputs are checked
 token for token against ``ar``. Writes ``bench/results/defaults.{json,md}``.
 
+``--temperature T`` (> 0) runs the chat and input-grounded workloads sampled instead (every configuration with
+the same seed per prompt; lossless in distribution, so outputs are not compared) and writes
+``bench/results/defaults_sampled.{json,md}``: the CLI's default strategy when sampling
+(``spec_fast.strategies.DEFAULT_SAMPLED_STRATEGY``) is chosen from that file as the greedy one is from
+``defaults.json``.
+
     python bench/defaults.py          # 3 prompts per workload x 48 new tokens, each configuration twice
+    python bench/defaults.py --temperature 0.7
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
+from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, lean_model, load_cached_lean, load_model  # noqa: E402
@@ -65,6 +73,10 @@ LONG = (
     f"{LONG_DOCUMENT}\n\nQuestion: what other uses were proposed for the station?",
 )
 CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:3", "chain:4", "chain:2+adaptive", "chain:3+adaptive")
+#: sampled: a retrieval draft's deterministic proposals are accepted with the target's probability of them,
+#: so shorter chains and the fallback get a closer look
+SAMPLED_CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:3", "chain:1+adaptive", "chain:2+adaptive",
+                          "chain:3+adaptive")
 
 
 def cli_target(quantize: str) -> tuple[Any, Any]:
@@ -87,47 +99,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="retrieval")
     parser.add_argument("--quantize", default="none", choices=["none", "gguf"],
                         help="the target's weights as spec-fast generate --quantize takes them")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="> 0: sampled chat and input-grounded workloads -> defaults_sampled.{json,md}")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = cli_target(args.quantize)
     eos = tokenizer.eos_token_id
+    sampled = args.temperature > 0
+    configurations = SAMPLED_CONFIGURATIONS if sampled else CONFIGURATIONS
     workloads = {"chat": HELDOUT_PROMPTS[: args.prompts], "input-grounded": INPUT_GROUNDED[: args.prompts],
                  "long": LONG[: args.prompts]}
+    if sampled:  # the long workload's time is its prefill, the same for every configuration
+        del workloads["long"]
     drafter = load_drafter(args.draft, model)
-    strategies = {name: parse_strategy(name) for name in CONFIGURATIONS}
+    strategies = {name: parse_strategy(name) for name in configurations}
     SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
 
     rows: list[dict[str, Any]] = []
     loads: list[float] = []  # the machine is shared: its 1-minute load average at the start of every prompt
     identical = True
     for workload, prompts in workloads.items():
-        totals = {name: [0, 0.0, 0, 0] for name in CONFIGURATIONS}  # tokens, seconds, target passes, prompt tokens
-        ratios: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
-        for text in prompts:
+        totals = {name: [0, 0.0, 0, 0] for name in configurations}  # tokens, seconds, target passes, prompt tokens
+        ratios: dict[str, list[float]] = {name: [] for name in configurations}
+        for prompt_index, text in enumerate(prompts):
+            sampling = SamplingParams(temperature=args.temperature, seed=prompt_index) if sampled else None
             loads.append(os.getloadavg()[0])
             ids = chat_prompt_ids(tokenizer, text)
             reference: list[int] | None = None
-            per_prompt = {name: [0, 0.0] for name in CONFIGURATIONS}
-            for name in [*CONFIGURATIONS, *reversed(CONFIGURATIONS)]:
+            per_prompt = {name: [0, 0.0] for name in configurations}
+            for name in [*configurations, *reversed(configurations)]:
                 decoder = SpeculativeDecoder(model, drafter if strategies[name].drafts else None, strategies[name])
-                result = decoder.generate([ids], max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+                result = decoder.generate([ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                          eos_token_id=eos)
                 m = result.metrics
                 for acc in (totals[name], per_prompt[name]):
                     acc[0] += m.generated_tokens
                     acc[1] += m.wall_s
                 totals[name][2] += m.target_passes
                 totals[name][3] += len(ids)
-                if reference is None:
+                if sampled:
+                    pass  # lossless in distribution only: sampled texts differ between strategies
+                elif reference is None:
                     reference = result.tokens[0]
                 elif result.tokens[0] != reference:
                     identical = False
                 print(f"{workload} {name}: {m.generated_tokens} tokens {m.tokens_per_s:.2f} tok/s", flush=True)
             ar_prompt = per_prompt["ar"][0] / per_prompt["ar"][1]
-            for name in CONFIGURATIONS:
+            for name in configurations:
                 ratios[name].append(per_prompt[name][0] / per_prompt[name][1] / ar_prompt)
         ar_rate = totals["ar"][0] / totals["ar"][1]
-        for name in CONFIGURATIONS:
+        for name in configurations:
             tokens, seconds, passes, prompt_tokens = totals[name]
             rows.append({"workload": workload, "configuration": name, "tokens": tokens, "seconds": seconds,
                          "tokens_per_s": tokens / seconds, "speedup_vs_ar": statistics.median(ratios[name]),
@@ -135,16 +157,18 @@ def main(argv: list[str] | None = None) -> int:
                          "block_efficiency": tokens / max(passes, 1),
                          "mean_prompt_tokens": prompt_tokens / (2 * len(prompts))})
 
-    worst = {name: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == name) for name in CONFIGURATIONS}
+    worst = {name: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == name) for name in configurations}
     meta = {
         "command": "python bench/defaults.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": git_commit(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": f"{torch.__version__}, {args.threads} thread(s)",
         "workload": f"SmolLM2-135M-Instruct ({'the GGUF blocks' if args.quantize == 'gguf' else 'float32'}, "
-                    f"lean forward as the CLI runs it), greedy, draft {args.draft}, {args.prompts} prompts per "
-                    f"workload x {args.max_new_tokens} new tokens (EOS ends a reply early)",
-        "greedy outputs identical to ar": identical,
+                    f"lean forward as the CLI runs it), "
+                    f"{f'sampled at T={args.temperature} (seed = prompt index)' if sampled else 'greedy'}, "
+                    f"draft {args.draft}, {args.prompts} prompts per workload x {args.max_new_tokens} new tokens "
+                    f"(EOS ends a reply early)",
+        "greedy outputs identical to ar": identical if not sampled else "n/a (sampled)",
         "load average": f"{min(loads):.1f}-{max(loads):.1f} (1-minute, at the start of each prompt, {os.cpu_count()} CPUs)",
         "worst median speedup over the workloads": ", ".join(f"{k} {v:.2f}x" for k, v in worst.items()),
         "caveat": "short run on a 2-core machine shared with other jobs: absolute rates are noisy, read the "
@@ -159,18 +183,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def plot(plt: Any) -> Any:
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        names = [n for n in CONFIGURATIONS if n != "ar"]
+        names = [n for n in configurations if n != "ar"]
         for i, workload in enumerate(workloads):
             sub = {r["configuration"]: r for r in rows if r["workload"] == workload}
             ax.bar([j + 0.27 * i for j in range(len(names))], [sub[n]["speedup_vs_ar"] for n in names], width=0.27,
                    label=workload)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([j + 0.27 for j in range(len(names))], names)
-        ax.set_ylabel("speedup vs ar (greedy)")
+        ax.set_ylabel(f"speedup vs ar ({f'T={args.temperature}' if sampled else 'greedy'})")
         ax.legend()
         return fig
 
-    write_results(args.out, "defaults", "Default strategy vs plain decoding by workload", meta, rows, table, plot)
+    name, title = ("defaults_sampled", f"Default sampled strategy vs plain decoding by workload (T={args.temperature})") \
+        if sampled else ("defaults", "Default strategy vs plain decoding by workload")
+    write_results(args.out, name, title, meta, rows, table, plot)
     return 0
 
 

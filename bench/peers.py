@@ -5,7 +5,8 @@ Configurations (``--configs`` picks a subset), all on SmolLM2-135M-Instruct from
 * ``ours-plain``: our engine, plain decoding, on the target as the CLI runs it (the GGUF de-quantised to
   float32, the lean forward with its native products); every ratio in the results is to this configuration,
   measured on the same prompt right beside the others;
-* ``ours-default``: our engine with the CLI default (``retrieval`` draft, ``DEFAULT_STRATEGY``), same model;
+* ``ours-default``: our engine with the CLI default (``retrieval`` draft, ``DEFAULT_STRATEGY``, or
+  ``DEFAULT_SAMPLED_STRATEGY`` when sampling), same model;
 * ``ours-gguf-plain`` / ``ours-gguf-spec``: the lean forward on the GGUF file's own Q4_1 / Q8_0 blocks
   (``--quantize gguf``: the weights llama.cpp runs), plain and with the default draft and strategy;
 * ``hf-plain``, ``hf-pld`` (``prompt_lookup_num_tokens=10``), ``hf-assisted`` (assisted generation with our
@@ -65,7 +66,7 @@ from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 from spec_fast.drafts.retrieval import RetrievalDrafter  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
-from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy  # noqa: E402
+from spec_fast.strategies import DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, parse_strategy  # noqa: E402
 
 #: the benchmark's prompts per workload (the test in tests/drafts/test_peer_prompts.py keeps them disjoint
 #: from every prompt whose answers went into the datastore or a draft's training data)
@@ -166,12 +167,13 @@ class Systems:
                                                 # breaks prompts longer than n_batch (0.3.36)
                                                 logits_all=draft is not None)
 
-    def decoder(self, name: str) -> SpeculativeDecoder:
+    def decoder(self, name: str, sampling: SamplingParams) -> SpeculativeDecoder:
         target = self.gguf_model if "gguf" in name else self.lean
         if name in ("ours-plain", "ours-gguf-plain"):
             return SpeculativeDecoder(target, None, parse_strategy("ar"))
-        if name in ("ours-default", "ours-gguf-spec"):
-            return SpeculativeDecoder(target, self.retrieval, parse_strategy(DEFAULT_STRATEGY))
+        if name in ("ours-default", "ours-gguf-spec"):  # the CLI's default for this temperature
+            default = DEFAULT_STRATEGY if sampling.greedy else DEFAULT_SAMPLED_STRATEGY
+            return SpeculativeDecoder(target, self.retrieval, parse_strategy(default))
         depth = int(name.rsplit(":", 1)[1])  # oracle-chain:K, oracle-gguf-chain:K
         return SpeculativeDecoder(target, self.replay, parse_strategy(f"chain:{depth}"))
 
@@ -191,7 +193,7 @@ class Systems:
             if not first:
                 first.append((len(chunk[0]), time.perf_counter() - start))
 
-        result = self.decoder(name).generate([prompt], max_new_tokens=new, sampling=sampling, eos_token_id=self.eos,
+        result = self.decoder(name, sampling).generate([prompt], max_new_tokens=new, sampling=sampling, eos_token_id=self.eos,
                                              on_tokens=note)
         return Run(result.tokens[0], result.metrics.wall_s, *first[0], result.metrics.target_passes)
 

@@ -26,7 +26,7 @@ from spec_fast.settings import (
     DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, SettingError,
     resolve_settings,
 )
-from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
+from spec_fast.strategies import DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
 
 if TYPE_CHECKING:
     from spec_fast.api import Completion
@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"NDE selector; needs a model draft) | topk:DEPTH,K,BUDGET | "
                           f"dynatree[:D0,DMAX,BUDGET][,key=value...] (DynaTree keys: tau_high, tau_low, prune, "
                           f"window, ...; spec_fast.strategies), optionally +adaptive (plain steps while drafting does not "
-                          f"pay); default {DEFAULT_STRATEGY} with a named draft, {DEFAULT_UNTRAINED_STRATEGY} "
+                          f"pay); default {DEFAULT_STRATEGY} with a named draft ({DEFAULT_SAMPLED_STRATEGY} when "
+                          f"sampling), {DEFAULT_UNTRAINED_STRATEGY} "
                           f"with any other, ar with --draft none (bench/results/defaults.md)")
     gen.add_argument("--verifier", default=None,
                      help="naive|bv|traversal|nss|naive_tree|spectr|specinfer|khisti (sampling; checked "

@@ -18,7 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spec_fast.strategies import DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, Strategy, parse_strategy
+from spec_fast.strategies import (DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, Strategy,
+                                  parse_strategy)
 
 __all__ = [
     "DEFAULT_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
@@ -193,7 +194,8 @@ def resolve_settings(
 
     ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
-    with a named draft and ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
+    (greedy) or ``DEFAULT_SAMPLED_STRATEGY`` (temperature > 0) with a named draft and
+    ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
     own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge``, ``route`` or ``route-calibrated``,
     :class:`spec_fast.drafts.dual.DualDrafter`).
     """
@@ -243,7 +245,8 @@ def resolve_settings(
     draft_models = tuple(_draft_source(name) for name in names)
     named = all(name in NAMED_DRAFTS for name in names)
 
-    default_strategy = "ar" if draft_name == "none" else (DEFAULT_STRATEGY if named else DEFAULT_UNTRAINED_STRATEGY)
+    named_default = DEFAULT_SAMPLED_STRATEGY if temperature > 0 else DEFAULT_STRATEGY
+    default_strategy = "ar" if draft_name == "none" else (named_default if named else DEFAULT_UNTRAINED_STRATEGY)
     try:
         parsed = parse_strategy(strategy if strategy is not None else default_strategy, verifier)
     except ValueError as err:

@@ -77,7 +77,8 @@ from typing import TYPE_CHECKING, Any, Union
 if TYPE_CHECKING:  # imported where used: parsing a strategy must not pull in spec_ref's SciPy solvers
     from spec_ref.dynatree import DynaTreeParams
 
-__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_UNTRAINED_STRATEGY"]
+__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_SAMPLED_STRATEGY",
+           "DEFAULT_UNTRAINED_STRATEGY"]
 
 #: Verifiers that each shape accepts at temperature > 0.
 SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
@@ -121,6 +122,12 @@ _DEFAULT_VERIFIER = {
 #: length beat plain decoding on every workload, ``+adaptive`` included (it paid on transformers' forward,
 #: where wide passes cost up to 2x a plain one, and now only gives up speculative steps that would pay).
 DEFAULT_STRATEGY = "chain:3"
+#: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
+#: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py):
+#: 1.12x / 1.20x plain decoding there. Sampled, a retrieval draft's proposal is accepted with the target's
+#: probability of it, so a second or third drafted token is rarely kept, while chain:3 lost to plain decoding
+#: on chat prompts (0.96x).
+DEFAULT_SAMPLED_STRATEGY = "chain:1+adaptive"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
 DEFAULT_UNTRAINED_STRATEGY = "chain:2+adaptive"
