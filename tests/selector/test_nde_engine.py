@@ -233,8 +233,9 @@ def test_parse_nde_strategies() -> None:
 @pytest.mark.model
 def test_smollm2_greedy_nde_with_the_committed_selector_equals_greedy_ar() -> None:
     """SmolLM2 + the rnn head (the selector's draft) + the committed selector weights (latency model from a
-    fixed fit, so the test does not run the warm-up). The committed policy picks the plain step at every
-    root (bench/results/selector.md and README say why), so the shape-change check is the crafted one above."""
+    fixed fit, so the test does not run the warm-up). The committed policy picks one action, the one-token
+    tree, at every root (bench/results/selector.md and README say why), so the shape-change check is the
+    crafted one above."""
     from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids, load_model
     from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
