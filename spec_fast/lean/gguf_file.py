@@ -136,7 +136,11 @@ def _read(path: str) -> GGUFFile:
         columns = int(shape[0])
         rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
         row_bytes = columns // per_block * block_bytes
-        raw = mapped[start + offset:start + offset + rows * row_bytes].reshape(rows, row_bytes)
+        end = start + offset + rows * row_bytes
+        if end > mapped.shape[0]:
+            raise ValueError(f"truncated GGUF file: tensor {name!r} ends at byte {end}, the file has "
+                             f"{mapped.shape[0]}: path={path!r}")
+        raw = mapped[start + offset:end].reshape(rows, row_bytes)
         if type_name in _ELEMENTS:
             raw = raw.view(_ELEMENTS[type_name]).reshape(*reversed(shape))
         tensors.append(GGUFTensor(name, type_id, type_name, tuple(int(d) for d in shape), raw))

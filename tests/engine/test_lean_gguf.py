@@ -174,3 +174,14 @@ def test_the_file_reader_refuses_files_that_are_not_gguf(tmp_path: Any) -> None:
     truncated.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + struct.pack("<Q", 40) + b"general")
     with pytest.raises(ValueError, match="truncated"):
         read_gguf_file(str(truncated))
+
+
+@pytest.mark.model
+def test_the_file_reader_refuses_a_file_cut_inside_its_tensor_data(tmp_path: Any) -> None:
+    from spec_fast.lean.gguf_file import read_gguf_file
+
+    cut = tmp_path / "cut.gguf"
+    with open(os.path.join(default_model_dir(), DEFAULT_GGUF), "rb") as handle:
+        cut.write_bytes(handle.read(3_000_000))  # the header and table, part of the first tensor
+    with pytest.raises(ValueError, match="truncated GGUF file: tensor 'token_embd.weight'"):
+        read_gguf_file(str(cut))
