@@ -60,6 +60,23 @@ class LeanLayerCache:
         self.key_length = self.value_length = needed
         return self._keys[:, :, :needed], self._values[:, :, :needed]
 
+    def reserve(self, batch: int, heads: int, dim: int, needed: int, dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole ``[B, H_kv, capacity, D]`` key and value buffers, grown to hold ``needed`` slots, for a
+        caller that writes new entries into them itself (then sets ``key_length``/``value_length``); None if
+        the buffers hold another batch size, head layout or dtype."""
+        if self._keys is None or self._values is None or needed > self.capacity:
+            if self._keys is not None and (self._keys.dtype != dtype or self._keys.shape[0] != batch):
+                return None
+            self._grow(torch.empty(batch, heads, 0, dim, dtype=dtype, device=device), needed)
+        assert self._keys is not None and self._values is not None
+        keys, values = self._keys, self._values
+        if keys.dtype != dtype or tuple(keys.shape[:2]) != (batch, heads) or keys.shape[3] != dim:
+            return None
+        if not (keys.is_contiguous() and values.is_contiguous()):
+            return None
+        return keys, values
+
     def replace_tail(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Keep slots ``[0, start)`` and put ``keys, values [B, H_kv, W, D]`` at ``[start, start + W)``."""
         end = start + int(keys.shape[2])

@@ -11,6 +11,7 @@ One decoder layer: RMSNorm -> one fused q/k/v product -> RoPE (the HF model's ow
 attention scaling, tabulated once) -> grouped-query attention over the cache without repeating keys ->
 output product -> residual; RMSNorm -> one fused gate/up product -> SiLU(gate) * up -> down product ->
 residual. Activations stay float32; only the weights change with ``weights`` (:mod:`spec_fast.lean.quant`).
+With the native kernels (:mod:`spec_fast.lean.native`) the whole layer is one C call instead.
 The module layout (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``) is HF's, so
 :func:`spec_fast.drafts.model.early_exit_model` builds an early-exit draft from a LeanLlama unchanged.
 """
@@ -114,7 +115,8 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.qkv_proj = LeanLinear(hidden, (heads + 2 * kv_heads) * head_dim, bias=qkv_bias)
         self.o_proj = LeanLinear(heads * head_dim, hidden, bias=out_bias)
-        #: float64 for quantised or bfloat16 weights (see :class:`LeanLlama`), float32 otherwise
+        #: float64 for quantised or bfloat16 weights and for native products outside the native layer (see
+        #: :class:`LeanLlama`), float32 otherwise
         self.attention_dtype = torch.float32
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
@@ -159,11 +161,80 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(hidden, heads, kv_heads, head_dim, qkv_bias, out_bias)
         self.post_attention_layernorm = RMSNorm(hidden, float(config.rms_norm_eps))
         self.mlp = MLP(hidden, int(config.intermediate_size))
+        #: run in one C call where the weights allow it (:meth:`native_weights`); see LeanLlama.use_native_layers
+        self.native_layer = True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: LeanLayerCache) -> torch.Tensor:
+        """``x [B, Q, H]``, ``cos``/``sin [B, 1, Q, D]``, ``mask [B, 1, Q, K]`` additive or None -> ``[B, Q, H]``."""
+        if self.native_layer and self.self_attn.attention_dtype == torch.float32 and x.device.type == "cpu":
+            weights = self.native_weights()
+            if weights is not None:
+                out = self._native_forward(weights, x, cos, sin, mask, cache)
+                if out is not None:
+                    return out
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        out2: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out2
+
+    def native_weights(self) -> native.LayerWeights | None:
+        """The layer's weights for the one-call C layer (:func:`spec_fast.lean.native.run_layer`), or None
+        where it cannot run: the kernel is not available, or a product is not a packed native one."""
+        # the struct holds raw pointers: rebuilt whenever a tensor it points into was replaced. Checked on every
+        # call, through the modules' own dictionaries (nn.Module attribute lookups would cost ~1 ms a pass)
+        modules = self._modules
+        attn_modules, mlp_modules = modules["self_attn"]._modules, modules["mlp"]._modules  # type: ignore[union-attr]
+        tensors = tuple(module._buffers.get(name) for module, name in (  # type: ignore[union-attr]
+            (attn_modules["qkv_proj"], "packed"), (attn_modules["o_proj"], "packed"),
+            (mlp_modules["gate_up_proj"], "packed"), (mlp_modules["down_proj"], "packed"),
+            (attn_modules["qkv_proj"], "bias"), (attn_modules["o_proj"], "bias")))
+        tensors += (modules["input_layernorm"]._parameters["weight"],  # type: ignore[union-attr]
+                    modules["post_attention_layernorm"]._parameters["weight"])  # type: ignore[union-attr]
+        cached = self.__dict__.get("_native")
+        if cached is not None and all(a is b for a, b in zip(cached[0], tensors)):
+            weights: native.LayerWeights | None = cached[1]
+            return weights
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        norms = (self.input_layernorm.weight, self.post_attention_layernorm.weight)
+        weights = None
+        usable = (native.available() and all(lin.packed is not None and lin.kind in native.LAYER_KINDS
+                                             and lin.packed.device.type == "cpu" for lin in linears)
+                  and attn.heads % attn.kv_heads == 0 and attn.head_dim % 2 == 0
+                  and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in norms)
+                  and all(b is None or (b.dtype == torch.float32 and b.is_contiguous() and b.device.type == "cpu")
+                          for b in (attn.qkv_proj.bias, attn.o_proj.bias)))
+        if usable:
+            def pointer(t: torch.Tensor | None) -> int | None:
+                return None if t is None else int(t.data_ptr())
+
+            weights = native.LayerWeights(
+                int(attn.o_proj.out_features), attn.heads, attn.kv_heads, attn.head_dim, mlp.intermediate,
+                *(native.LAYER_KINDS[lin.kind] for lin in linears), *(pointer(lin.packed) for lin in linears),
+                pointer(attn.qkv_proj.bias), pointer(attn.o_proj.bias), pointer(norms[0]), pointer(norms[1]),
+                float(self.input_layernorm.eps), float(self.post_attention_layernorm.eps))
+        self.__dict__["_native"] = (tensors, weights)
+        return weights
+
+    def _native_forward(self, weights: native.LayerWeights, x: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, mask: torch.Tensor | None,
+                        cache: LeanLayerCache) -> torch.Tensor | None:
+        """The layer in one C call, or None where the inputs or the cache do not fit it."""
+        batch, num_query, _ = x.shape
+        attn = self.self_attn
+        past = cache.key_length
+        buffers = cache.reserve(int(batch), attn.kv_heads, attn.head_dim, past + int(num_query), torch.float32,
+                                x.device)
+        if buffers is None or x.dtype != torch.float32:
+            return None
+        if mask is not None:
+            if tuple(mask.shape) != (batch, 1, num_query, past + num_query):
+                return None
+            if mask.dtype != torch.float32 or not mask.is_contiguous():
+                mask = mask.float().contiguous()
+        out = x.contiguous().clone()
+        native.run_layer(weights, out, cos.contiguous(), sin.contiguous(), mask, past, *buffers)
+        cache.key_length = cache.value_length = past + int(num_query)
         return out
 
 
@@ -196,11 +267,13 @@ class LeanLlama(nn.Module):
     and then a near-tie argmax: measured on SmolLM2 int8, greedy speculative output left plain decoding's
     within 20-60 tokens on 4 of 6 prompts. Attention therefore runs in float64 for these formats (KV cache
     included): a float64 difference in the last bit survives the rounding to float32 only with probability
-    about 1e-9 per value, so verification reproduces plain decoding's logits. The same holds for float32
-    and GGUF-block weights multiplied by the native kernel (:mod:`spec_fast.lean.native`, batch-invariant):
-    attention runs in float64 there too, so the whole forward gives a token the same logits whatever shares
-    its pass. Float32 weights on torch's products keep HF's float32 attention (those products are not
-    batch-invariant anyway, as in HF).
+    about 1e-9 per value, so verification reproduces plain decoding's logits. Float32 and GGUF-block weights
+    multiplied by the native kernels (:mod:`spec_fast.lean.native`, batch-invariant) run each decoder layer
+    in one C call (``layer.c``) whose float32 attention sums every query's terms in a fixed order over the
+    cache slots it attends: the whole forward gives a token bit for bit the same logits whatever shares its
+    pass, at HF's precision (where a layer cannot run there, it attends in float64 as above). Float32
+    weights on torch's products keep HF's float32 attention (those products are not batch-invariant anyway,
+    as in HF).
     """
 
     def __init__(self, config: Any) -> None:
@@ -281,13 +354,28 @@ class LeanLlama(nn.Module):
         native_products = any(isinstance(m, LeanLinear) and m.packed is not None for m in lean.modules())
         if weights != "float32" or native_products:
             for layer in lean.model.layers:
-                layer.self_attn.attention_dtype = torch.float64
+                # a layer that runs in one C call attends in a fixed order, batch-invariant in float32
+                if layer.native_weights() is None:
+                    layer.self_attn.attention_dtype = torch.float64
         lean.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
         lean.weights = weights
         for name, tensor in list(lean.named_parameters()) + list(lean.named_buffers()):
             if tensor.is_meta:
                 raise ValueError(f"the lean model did not get {name} from the HF model")
         return lean.to(next(model.parameters()).device).eval()
+
+    def use_native_layers(self, enabled: bool) -> None:
+        """Run each decoder layer in one C call where its weights allow it (the default), or as torch
+        operations around the native products with float64 attention (the batch-invariant Python path; for
+        the benchmarks and tests that compare both). Call before decoding, not between the passes of a
+        generation: the two paths keep their caches in different dtypes."""
+        layers: list[Any] = list(self.model.layers)
+        for layer in layers:
+            layer.native_layer = bool(enabled)
+            native_products = any(m.packed is not None for m in layer.modules() if isinstance(m, LeanLinear))
+            fused = enabled and layer.native_weights() is not None
+            if self.weights != "float32" or native_products:
+                layer.self_attn.attention_dtype = torch.float32 if fused else torch.float64
 
     # the HF methods the engine and the drafters call
     def get_output_embeddings(self) -> LeanLinear:
@@ -333,7 +421,8 @@ class LeanLlama(nn.Module):
         # converted once per pass to the attention dtype (each layer would otherwise convert it again)
         wide: torch.dtype = layers[0].self_attn.attention_dtype if layers else torch.float32
         mask = _additive(attention_mask, num_query, past, input_ids.device)
-        mask = None if mask is None else mask.to(wide)
+        # one [B, 1, Q, K] block for every layer (the native layer reads it row by row)
+        mask = None if mask is None else mask.to(wide).expand(batch, 1, num_query, int(mask.shape[-1])).contiguous()
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = [x] if output_hidden_states else []

@@ -1,9 +1,12 @@
-"""The lean forward's own CPU matrix product (``kernels.c``), built once with the machine's C compiler.
+"""The lean forward's own CPU code (``kernels.c``: matrix products; ``layer.c``: a whole decoder layer),
+built once with the machine's C compiler.
 
 ``kernels.c`` multiplies activations by a float32 weight packed in column blocks of 64 outputs (its header
 says how and why): every weight is read once per group of up to four rows, so a pass over 2-4 tokens costs
 about what a pass over one costs, and each output row is computed the same way whatever the other rows
-are (batch-invariant). It is compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native -ffp-contract=fast``
+are (batch-invariant). ``layer.c`` runs a whole decoder layer around those products in one call (norms,
+rotary embedding, cache writes, attention, SiLU: about twenty torch operations in Python, whose dispatch cost
+more than their arithmetic at SmolLM2's size). Both are compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native -ffp-contract=fast``
 into the cache directory of :mod:`spec_fast.cache` (``kernels/<key>/``; the key covers the source, the
 compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
 extension build, about a second of compilation.
@@ -28,8 +31,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "available", "disabled", "mm_blocks", "mm_float32", "pack_blocks",
-           "pack_float32", "unpack_blocks", "unpack_float32"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "disabled", "mm_blocks",
+           "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unpack_blocks", "unpack_float32"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
@@ -37,10 +40,10 @@ BLOCK = 64
 GROUP = 32
 #: GGUF's block-quantised formats the kernels read, and their code in kernels.c
 BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
-_VERSION = 4
+_VERSION = 5
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
+_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("kernels.c", "layer.c"))
 _LOCK = threading.Lock()
 _STATE: dict[str, ctypes.CDLL | None] = {}
 
@@ -86,8 +89,10 @@ def _load() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
-    with open(_SOURCE, "rb") as handle:
-        source = handle.read()
+    source = b""
+    for name in _SOURCES:
+        with open(name, "rb") as handle:
+            source += handle.read()
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -111,6 +116,8 @@ def _load() -> ctypes.CDLL | None:
         lib.spec_fast_mm_blocks.restype = None
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
+        lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64]
+        lib.spec_fast_layer.restype = i64
     except (OSError, AttributeError):
         return None
     return lib
@@ -122,7 +129,7 @@ def _build(compiler: str, folder: str, path: str) -> bool:
         os.makedirs(folder, exist_ok=True)
         handle, staging = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
-        done = subprocess.run([compiler, *_FLAGS, _SOURCE, "-o", staging], capture_output=True, text=True,
+        done = subprocess.run([compiler, *_FLAGS, *_SOURCES, "-o", staging, "-lm"], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             print(f"spec-fast: native kernels not built ({done.stderr.strip().splitlines()[-1:]}); "
@@ -243,3 +250,45 @@ def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: in
     lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features,
                             in_features, packed.data_ptr(), out_features, out.data_ptr(), out_features)
     return out
+
+
+class LayerWeights(ctypes.Structure):
+    """The weights of one decoder layer as ``layer.c`` reads them (``spec_fast_layer_weights``, same field
+    order). It holds raw pointers: whoever builds one keeps the tensors alive and unchanged while it is used."""
+
+    _fields_ = [
+        ("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64),
+        ("qkv_kind", ctypes.c_int64), ("o_kind", ctypes.c_int64), ("gate_up_kind", ctypes.c_int64),
+        ("down_kind", ctypes.c_int64),
+        ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+        ("qkv_bias", ctypes.c_void_p), ("o_bias", ctypes.c_void_p),
+        ("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
+        ("eps1", ctypes.c_double), ("eps2", ctypes.c_double),
+    ]
+
+
+#: the code of a packed weight's kind in layer.c (0: packed float32)
+LAYER_KINDS = {"float32": 0, **BLOCK_KINDS}
+
+
+def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+              past: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """One decoder layer (``layer.c``) over the residual stream ``x [B, Q, H]`` in place.
+
+    Args:
+        cos, sin: ``[B, Q, D]`` (any leading layout with contiguous rows of ``D``) for each token's position.
+        mask: ``[B, Q, past + Q]`` additive float32, contiguous, or None (causal).
+        past: the cache entries before this call.
+        keys, values: ``[B, H_kv, capacity, D]`` float32 contiguous buffers, capacity >= ``past + Q``; the
+            new entries are written at slots ``past .. past + Q - 1``.
+
+    Only for contiguous float32 CPU tensors with :func:`available` True (the caller checks)."""
+    lib = _library()
+    assert lib is not None
+    batch, num_query = int(x.shape[0]), int(x.shape[1])
+    status = lib.spec_fast_layer(ctypes.byref(weights), x.data_ptr(), batch, num_query, cos.data_ptr(),
+                                 sin.data_ptr(), None if mask is None else mask.data_ptr(), past,
+                                 keys.data_ptr(), values.data_ptr(), int(keys.shape[2]))
+    if status != 0:
+        raise MemoryError("the native decoder layer could not allocate its scratch memory")

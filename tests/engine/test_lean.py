@@ -87,7 +87,7 @@ def test_lean_float32_logits_and_cache_match_hf_through_the_engine_cache_operati
     assert len(expected) == len(got)
     for e, g in zip(expected, got):
         assert e.shape == g.shape
-        # the native products' lean model keeps its cache in float64 (attention runs in float64 there)
+        # a lean model whose layers cannot run natively keeps its cache in float64 (spec_fast.lean.model)
         torch.testing.assert_close(g.float(), e, rtol=0, atol=TOLERANCE)
 
 

@@ -104,7 +104,7 @@ def test_the_blocks_as_read_are_the_files_weights(gguf_tensors: Any) -> None:
 def test_the_gguf_blocks_model_is_the_float32_model_up_to_rounding(gguf_tensors: Any) -> None:
     """weights='gguf' multiplies the file's blocks as stored: the same weights as the de-quantised float32
     model, so the logits agree within float32 rounding and greedy decoding gives the same tokens; its
-    speculative output equals its own plain decoding (the kernels and float64 attention are batch-invariant)."""
+    speculative output equals its own plain decoding (the products and the native layer are batch-invariant)."""
     from spec_fast.engine import SpeculativeDecoder
     from spec_fast.drafts.retrieval import RetrievalDrafter
     from spec_fast.lean import native

@@ -1,0 +1,181 @@
+/* One Llama-family decoder layer of the lean forward on the CPU, in one call.
+ *
+ * Per token, the Python layer issues about twenty torch operations (two norms, rotary embedding, cache
+ * writes, attention, SiLU, residual adds) around its four matrix products; at SmolLM2's size each costs
+ * more in dispatch than in arithmetic, and together they took half of a one-token pass. Here the whole
+ * layer runs in C on the residual stream x [M, H] (M = B x Q rows, in place):
+ *
+ *   h = rms_norm(x) ; qkv = h Wqkv^T (+ bias) ; rotate q, k ; store k, v in the cache at past + q
+ *   a = attention(q, cached k, v; mask) ; x += a Wo^T (+ bias)
+ *   h = rms_norm(x) ; [g, u] = h Wgu^T ; x += (silu(g) * u) Wdown^T
+ *
+ * The products are those of kernels.c (packed float32, Q4_1 or Q8_0). Attention is computed one query row
+ * and head at a time, each score and each weighted sum in a fixed order over the cache slots, skipping the
+ * slots the mask excludes (their softmax weight would be exactly zero): a query's output depends only on
+ * its own vector and the keys and values it attends, never on which other rows share the call. Together
+ * with the batch-invariant products this makes a verification pass give every token bit for bit the
+ * logits a plain decoding step gives it. Keys, values and the arithmetic are float32 (HF's precision).
+ *
+ * Layouts: x [M, H] row-major; cos, sin [M, D] (the rotary table's rows for each token's position, the
+ * attention scaling folded in); mask [B, Q, past + Q] additive float32 or NULL (causal); keys and values
+ * [B, H_kv, capacity, D] with capacity >= past + Q (the caller grows the buffers).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_size, const float *packed,
+                      int64_t n_size, float *y, int64_t ldy);
+void spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
+                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy);
+
+#define LANES 16
+typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
+
+/* The weights of one layer; native.py mirrors this struct with ctypes (same field order). */
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, intermediate;
+    int64_t qkv_kind, o_kind, gate_up_kind, down_kind; /* 0: packed float32, 4: Q4_1, 8: Q8_0 */
+    const void *qkv, *o, *gate_up, *down;
+    const float *qkv_bias, *o_bias; /* NULL: no bias */
+    const float *norm1, *norm2;
+    double eps1, eps2;
+} spec_fast_layer_weights;
+
+/* An additive mask at or below this excludes the slot (torch's finfo(float32).min and -inf both do). */
+#define EXCLUDED (-1e30f)
+
+static void linear(int64_t kind, const void *w, const float *bias, const float *x, int64_t rows, int64_t k_size,
+                   int64_t n_size, float *y) {
+    if (kind == 0) {
+        spec_fast_mm_f32(x, rows, k_size, k_size, (const float *)w, n_size, y, n_size);
+    } else {
+        spec_fast_mm_blocks(kind, x, rows, k_size, k_size, (const uint8_t *)w, n_size, y, n_size);
+    }
+    if (bias != NULL) {
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < n_size; ++j) y[r * n_size + j] += bias[j];
+        }
+    }
+}
+
+/* HF's RMSNorm: x / sqrt(mean(x^2) + eps), then times the weight (the mean accumulated in double). */
+static void rms_norm(const float *x, int64_t rows, int64_t size, const float *weight, double eps, float *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * size;
+        double squares = 0.0;
+        for (int64_t j = 0; j < size; ++j) squares += (double)row[j] * (double)row[j];
+        const float scale = (float)(1.0 / sqrt(squares / (double)size + eps));
+        for (int64_t j = 0; j < size; ++j) out[r * size + j] = weight[j] * (row[j] * scale);
+    }
+}
+
+/* x <- x cos + rotate_half(x) sin for one head vector of even length dim (HF's rotate_half convention). */
+static void rotate(float *x, const float *cos, const float *sin, int64_t dim) {
+    const int64_t half = dim / 2;
+    float turned[dim];
+    for (int64_t i = 0; i < half; ++i) {
+        turned[i] = -x[i + half];
+        turned[i + half] = x[i];
+    }
+    for (int64_t i = 0; i < dim; ++i) x[i] = x[i] * cos[i] + turned[i] * sin[i];
+}
+
+static inline float dot(const float *a, const float *b, int64_t size) {
+    f32x16 acc = {0};
+    int64_t i = 0;
+    for (; i + LANES <= size; i += LANES) {
+        f32x16 va, vb;
+        memcpy(&va, a + i, sizeof(va));
+        memcpy(&vb, b + i, sizeof(vb));
+        acc += va * vb;
+    }
+    float sum = 0.f;
+    for (int l = 0; l < LANES; ++l) sum += acc[l];
+    for (; i < size; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
+/* out [dim] = softmax over the attended slots of (q . k_j) scale + mask_j, times v_j. A slot is attended
+ * when mask is NULL and j < limit, or when mask[j] is above EXCLUDED. */
+static void attend(const float *q, const float *keys, const float *values, int64_t slots, const float *mask,
+                   int64_t limit, int64_t dim, float scale, float *scores, float *out) {
+    float best = -INFINITY;
+    for (int64_t j = 0; j < slots; ++j) {
+        if (mask == NULL ? j >= limit : mask[j] <= EXCLUDED) {
+            scores[j] = -INFINITY;
+            continue;
+        }
+        const float s = dot(q, keys + j * dim, dim) * scale + (mask == NULL ? 0.f : mask[j]);
+        scores[j] = s;
+        if (s > best) best = s;
+    }
+    for (int64_t i = 0; i < dim; ++i) out[i] = 0.f;
+    if (best == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
+    float total = 0.f;
+    for (int64_t j = 0; j < slots; ++j) {
+        if (scores[j] == -INFINITY) continue;
+        const float p = expf(scores[j] - best);
+        total += p;
+        const float *v = values + j * dim;
+        for (int64_t i = 0; i < dim; ++i) out[i] += p * v[i];
+    }
+    const float inverse = 1.f / total;
+    for (int64_t i = 0; i < dim; ++i) out[i] *= inverse;
+}
+
+/* One decoder layer over x [batch * num_query, hidden] in place (see the header). Returns 0, or -1 when
+ * scratch memory could not be allocated (x and the cache are then unchanged). */
+int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batch, int64_t num_query,
+                        const float *cos, const float *sin, const float *mask, int64_t past, float *keys,
+                        float *values, int64_t capacity) {
+    const int64_t rows = batch * num_query, hidden = w->hidden, dim = w->head_dim;
+    const int64_t heads = w->heads, kv_heads = w->kv_heads, group = heads / kv_heads;
+    const int64_t qkv_width = (heads + 2 * kv_heads) * dim, inter = w->intermediate, slots = past + num_query;
+    const size_t floats = (size_t)(rows * hidden + rows * qkv_width + rows * heads * dim + rows * hidden +
+                                   rows * 2 * inter + rows * inter + slots);
+    float *scratch = malloc(floats * sizeof(float));
+    if (scratch == NULL) return -1;
+    float *normed = scratch, *qkv = normed + rows * hidden, *attended = qkv + rows * qkv_width;
+    float *projected = attended + rows * heads * dim, *gate_up = projected + rows * hidden;
+    float *activated = gate_up + rows * 2 * inter, *scores = activated + rows * inter;
+    const float scale = 1.f / sqrtf((float)dim);
+
+    rms_norm(x, rows, hidden, w->norm1, w->eps1, normed);
+    linear(w->qkv_kind, w->qkv, w->qkv_bias, normed, rows, hidden, qkv_width, qkv);
+    for (int64_t m = 0; m < rows; ++m) {
+        const int64_t b = m / num_query, slot = past + m % num_query;
+        float *row = qkv + m * qkv_width;
+        for (int64_t h = 0; h < heads + kv_heads; ++h) rotate(row + h * dim, cos + m * dim, sin + m * dim, dim);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t at = ((b * kv_heads + g) * capacity + slot) * dim;
+            memcpy(keys + at, row + (heads + g) * dim, (size_t)dim * sizeof(float));
+            memcpy(values + at, row + (heads + kv_heads + g) * dim, (size_t)dim * sizeof(float));
+        }
+    }
+    for (int64_t m = 0; m < rows; ++m) {
+        const int64_t b = m / num_query, q = m % num_query;
+        const float *mask_row = mask == NULL ? NULL : mask + (b * num_query + q) * slots;
+        for (int64_t h = 0; h < heads; ++h) {
+            const int64_t at = (b * kv_heads + h / group) * capacity * dim;
+            attend(qkv + m * qkv_width + h * dim, keys + at, values + at, slots, mask_row, past + q + 1, dim,
+                   scale, scores, attended + (m * heads + h) * dim);
+        }
+    }
+    linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected);
+    for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
+
+    rms_norm(x, rows, hidden, w->norm2, w->eps2, normed);
+    linear(w->gate_up_kind, w->gate_up, NULL, normed, rows, hidden, 2 * inter, gate_up);
+    for (int64_t m = 0; m < rows; ++m) {
+        const float *gate = gate_up + m * 2 * inter, *up = gate + inter;
+        for (int64_t i = 0; i < inter; ++i) {
+            activated[m * inter + i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+        }
+    }
+    linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected);
+    for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
+    free(scratch);
+    return 0;
+}

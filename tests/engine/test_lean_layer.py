@@ -1,0 +1,135 @@
+"""The one-call native decoder layer (spec_fast/lean/layer.c) of the lean forward.
+
+* it is what a lean model with native products runs (the Python layer is not called), and it computes the
+  same function as the Python layer (torch operations around the same products) within float32 rounding,
+  through prefill, tree blocks with the ancestor mask, gather commits and single steps, ragged batches
+  included, for a Llama and a Qwen2-style model (q/k/v biases) and for GGUF-style block weights;
+* a token's logits are bit for bit the same whatever shares its pass (a chain, a tree with siblings, a
+  batch): the property that makes greedy speculative output equal plain decoding; the torch forward
+  (torch's products, float32 SDPA attention) is the negative control (its logits do change with the pass);
+* the cache grows past its first buffer inside a pass and the layer keeps working; a fully masked query row
+  (padding) gives zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from spec_fast.kv_cache import TreeKVCache
+from spec_fast.lean import LeanLinear, LeanLlama, native
+from spec_fast.lean import cache as lean_cache
+from tests.engine.models import tiny_llama
+from tests.engine.test_lean import _drive, tiny_qwen2
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def hf_model(request: Any) -> Any:
+    return tiny_llama() if request.param == "llama" else tiny_qwen2()
+
+
+def _count_layer_calls(monkeypatch: Any) -> list[int]:
+    calls = [0]
+    original = native.run_layer
+
+    def counted(*args: Any) -> None:
+        calls[0] += 1
+        original(*args)
+
+    monkeypatch.setattr(native, "run_layer", counted)
+    return calls
+
+
+def test_the_native_layer_runs_and_computes_what_the_python_layer_computes(hf_model: Any, monkeypatch: Any) -> None:
+    fused = LeanLlama.from_hf(hf_model)
+    python = LeanLlama.from_hf(hf_model)
+    python.use_native_layers(False)
+    assert all(layer.native_weights() is not None for layer in fused.model.layers)
+    assert all(layer.self_attn.attention_dtype == torch.float64 for layer in python.model.layers)
+    calls = _count_layer_calls(monkeypatch)
+    got = _drive(fused)
+    assert calls[0] > 0 and calls[0] % len(fused.model.layers) == 0
+    calls[0] = 0
+    expected = _drive(python)
+    assert calls[0] == 0
+    for e, g in zip(expected, got, strict=True):
+        assert g.dtype == torch.float32  # the native layer keeps its cache in float32
+        torch.testing.assert_close(g, e.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_layer_reads_block_quantised_weights() -> None:
+    torch.manual_seed(3)
+    model = tiny_llama()
+    fused = LeanLlama.from_hf(model)
+    # every decoder product as Q8_0 blocks: a weight with 32-input groups, stored exactly
+    for layer in fused.model.layers:
+        for holder, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"), (layer.mlp, "gate_up_proj"),
+                             (layer.mlp, "down_proj")):
+            old: LeanLinear = getattr(holder, name)
+            out_features, in_features = old.out_features, old.in_features
+            values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
+            scales = torch.rand(out_features, in_features // native.GROUP) * 0.01
+            setattr(holder, name, LeanLinear.from_blocks("q8_0", values, scales, None))
+    assert all(layer.native_weights() is not None for layer in fused.model.layers)
+    ids = torch.tensor([[1, 5, 7, 9, 3, 2]])
+    with torch.no_grad():
+        got = fused(ids).logits
+        fused.use_native_layers(False)
+        expected = fused(ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def _logits_of_chain_nodes(model: Any, blocks: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Prefill a context, then run each ``(tokens, parents)`` block as one pass behind it (nothing committed)
+    -> every block's logits ``[Q, V]``."""
+    state = TreeKVCache(model, 1, torch.device("cpu"))
+    context = [3, 9, 4, 1, 7, 2, 2, 6]
+    out = []
+    with torch.no_grad():
+        state.forward(torch.tensor([context]), torch.arange(-1, len(context) - 1).unsqueeze(0))
+        state.commit(torch.arange(len(context)).unsqueeze(0), torch.tensor([len(context)]))
+        for tokens, parents in blocks:
+            out.append(state.forward(torch.tensor([tokens]), torch.tensor([parents])).logits[0])
+            state.commit(torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]))
+    return out
+
+
+def _token_logits_depend_on_the_pass(model: Any) -> bool:
+    """Whether the chain 11 -> 12 -> 13 gets different logits as one pass, inside a wider tree (siblings 20,
+    21 beside it), or in shorter passes (11 alone, 11 -> 12)."""
+    chain, tree, first, second = _logits_of_chain_nodes(model, [
+        ([11, 12, 13], [-1, 0, 1]),
+        ([11, 20, 12, 21, 13], [-1, 0, 0, 2, 2]),
+        ([11], [-1]), ([11, 12], [-1, 0]),
+    ])
+    shorter = torch.stack([first[0], second[1]])
+    return not (torch.equal(chain, tree[[0, 2, 4]]) and torch.equal(chain[:2], shorter))
+
+
+def test_a_token_gets_the_same_logits_whatever_shares_its_pass() -> None:
+    model = LeanLlama.from_hf(tiny_llama(seed=7))
+    assert not _token_logits_depend_on_the_pass(model)
+    # negative control: torch's products and float32 SDPA attention round with the pass's shape
+    with native.disabled():
+        control = LeanLlama.from_hf(tiny_llama(seed=7))
+    assert _token_logits_depend_on_the_pass(control)
+
+
+def test_the_cache_grows_inside_a_pass_and_padding_rows_stay_finite(monkeypatch: Any) -> None:
+    monkeypatch.setattr(lean_cache, "INITIAL_SLOTS", 4)
+    hf_model = tiny_llama()
+    fused = LeanLlama.from_hf(hf_model)
+    python = LeanLlama.from_hf(hf_model)
+    python.use_native_layers(False)
+    torch.testing.assert_close(_drive(fused)[-1], _drive(python)[-1].float(), rtol=1e-5, atol=1e-5)
+    # a query row that attends nothing (an all-False boolean mask row) is zeros, not NaN
+    ids = torch.tensor([[1, 2, 3]])
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
+    mask[0, 0, 1] = False
+    with torch.no_grad():
+        logits = fused(ids, attention_mask=mask).logits
+    assert bool(torch.isfinite(logits).all())
