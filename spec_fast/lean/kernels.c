@@ -21,6 +21,10 @@
  * depend on the other rows. That is what makes a verification pass give a token exactly the logits a plain
  * decoding step gives it.
  *
+ * With OpenMP (native.py builds with -fopenmp where the compiler has it) the column blocks of a product are
+ * shared among `threads` threads; each block, and so each output, is still computed by one thread in the
+ * order above, so the results do not depend on the thread count either.
+ *
  * Written with GCC/Clang vector extensions (a 16-float vector is one AVX-512 register, two AVX2 ones);
  * built by spec_fast/lean/native.py with the machine's C compiler (-O3 -march=native, fused multiply-add
  * allowed) and loaded with ctypes; nothing here depends on Python or torch.
@@ -200,11 +204,12 @@ ROWS(q8, 4, uint8_t)
     }
 
 /* y [M, ldy] (first n_size columns written) = x [M, K] (row stride ldx) times the packed float32 weight
- * [ceil(n_size / 64), K, 64]. Each block (at most K x 256 bytes) stays in cache while every group of four
+ * [ceil(n_size / 64), K, 64], on up to `threads` threads. Each block (at most K x 256 bytes) stays in cache while every group of four
  * rows reads it. */
 void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_size, const float *packed,
-                      int64_t n_size, float *y, int64_t ldy) {
+                      int64_t n_size, float *y, int64_t ldy, int64_t threads) {
     const int64_t blocks = (n_size + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
     for (int64_t b = 0; b < blocks; ++b) {
         const float *w = packed + b * k_size * BLOCK;
         const int64_t width = n_size - b * BLOCK < BLOCK ? n_size - b * BLOCK : BLOCK;
@@ -219,10 +224,11 @@ void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_siz
 
 /* The same for a packed Q4_1 (kind 4) or Q8_0 (kind 8) weight; K is a multiple of 32. */
 void spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
-                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy) {
+                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads) {
     const int64_t blocks = (n_size + BLOCK - 1) / BLOCK;
     const int64_t groups = k_size / GROUP;
     const int64_t block_bytes = groups * (kind == 4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES);
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *w = packed + b * block_bytes;
         const int64_t width = n_size - b * BLOCK < BLOCK ? n_size - b * BLOCK : BLOCK;
@@ -260,4 +266,4 @@ void spec_fast_pack_f32(const float *w, int64_t n_size, int64_t k_size, int64_t 
 }
 
 /* The version of this file's interface; native.py refuses a library that reports another. */
-int64_t spec_fast_kernels_version(void) { return 5; }
+int64_t spec_fast_kernels_version(void) { return 6; }

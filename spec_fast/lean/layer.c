@@ -15,6 +15,8 @@
  * its own vector and the keys and values it attends, never on which other rows share the call. Together
  * with the batch-invariant products this makes a verification pass give every token bit for bit the
  * logits a plain decoding step gives it. Keys, values and the arithmetic are float32 (HF's precision).
+ * The products and the attention pairs are shared among `threads` OpenMP threads, each output computed
+ * whole by one thread, so the thread count changes no result.
  *
  * Layouts: x [M, H] row-major; cos, sin [M, D] (the rotary table's rows for each token's position, the
  * attention scaling folded in); mask [B, Q, past + Q] additive float32 or NULL (causal); keys and values
@@ -25,10 +27,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_size, const float *packed,
-                      int64_t n_size, float *y, int64_t ldy);
+                      int64_t n_size, float *y, int64_t ldy, int64_t threads);
 void spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
-                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy);
+                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads);
 
 #define LANES 16
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
@@ -47,11 +53,11 @@ typedef struct {
 #define EXCLUDED (-1e30f)
 
 static void linear(int64_t kind, const void *w, const float *bias, const float *x, int64_t rows, int64_t k_size,
-                   int64_t n_size, float *y) {
+                   int64_t n_size, float *y, int64_t threads) {
     if (kind == 0) {
-        spec_fast_mm_f32(x, rows, k_size, k_size, (const float *)w, n_size, y, n_size);
+        spec_fast_mm_f32(x, rows, k_size, k_size, (const float *)w, n_size, y, n_size, threads);
     } else {
-        spec_fast_mm_blocks(kind, x, rows, k_size, k_size, (const uint8_t *)w, n_size, y, n_size);
+        spec_fast_mm_blocks(kind, x, rows, k_size, k_size, (const uint8_t *)w, n_size, y, n_size, threads);
     }
     if (bias != NULL) {
         for (int64_t r = 0; r < rows; ++r) {
@@ -129,12 +135,13 @@ static void attend(const float *q, const float *keys, const float *values, int64
  * scratch memory could not be allocated (x and the cache are then unchanged). */
 int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batch, int64_t num_query,
                         const float *cos, const float *sin, const float *mask, int64_t past, float *keys,
-                        float *values, int64_t capacity) {
+                        float *values, int64_t capacity, int64_t threads) {
     const int64_t rows = batch * num_query, hidden = w->hidden, dim = w->head_dim;
     const int64_t heads = w->heads, kv_heads = w->kv_heads, group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * dim, inter = w->intermediate, slots = past + num_query;
+    if (threads < 1) threads = 1;
     const size_t floats = (size_t)(rows * hidden + rows * qkv_width + rows * heads * dim + rows * hidden +
-                                   rows * 2 * inter + rows * inter + slots);
+                                   rows * 2 * inter + rows * inter + threads * slots);
     float *scratch = malloc(floats * sizeof(float));
     if (scratch == NULL) return -1;
     float *normed = scratch, *qkv = normed + rows * hidden, *attended = qkv + rows * qkv_width;
@@ -143,7 +150,7 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     const float scale = 1.f / sqrtf((float)dim);
 
     rms_norm(x, rows, hidden, w->norm1, w->eps1, normed);
-    linear(w->qkv_kind, w->qkv, w->qkv_bias, normed, rows, hidden, qkv_width, qkv);
+    linear(w->qkv_kind, w->qkv, w->qkv_bias, normed, rows, hidden, qkv_width, qkv, threads);
     for (int64_t m = 0; m < rows; ++m) {
         const int64_t b = m / num_query, slot = past + m % num_query;
         float *row = qkv + m * qkv_width;
@@ -154,27 +161,32 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
             memcpy(values + at, row + (heads + kv_heads + g) * dim, (size_t)dim * sizeof(float));
         }
     }
-    for (int64_t m = 0; m < rows; ++m) {
-        const int64_t b = m / num_query, q = m % num_query;
+    /* one (query row, head) pair per iteration, each with its own thread's score buffer */
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && rows * heads > 1)
+    for (int64_t pair = 0; pair < rows * heads; ++pair) {
+        const int64_t m = pair / heads, h = pair % heads, b = m / num_query, q = m % num_query;
         const float *mask_row = mask == NULL ? NULL : mask + (b * num_query + q) * slots;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t at = (b * kv_heads + h / group) * capacity * dim;
-            attend(qkv + m * qkv_width + h * dim, keys + at, values + at, slots, mask_row, past + q + 1, dim,
-                   scale, scores, attended + (m * heads + h) * dim);
-        }
+        const int64_t at = (b * kv_heads + h / group) * capacity * dim;
+#ifdef _OPENMP
+        float *own_scores = scores + (int64_t)omp_get_thread_num() * slots;
+#else
+        float *own_scores = scores;
+#endif
+        attend(qkv + m * qkv_width + h * dim, keys + at, values + at, slots, mask_row, past + q + 1, dim,
+               scale, own_scores, attended + (m * heads + h) * dim);
     }
-    linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected);
+    linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads);
     for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
 
     rms_norm(x, rows, hidden, w->norm2, w->eps2, normed);
-    linear(w->gate_up_kind, w->gate_up, NULL, normed, rows, hidden, 2 * inter, gate_up);
+    linear(w->gate_up_kind, w->gate_up, NULL, normed, rows, hidden, 2 * inter, gate_up, threads);
     for (int64_t m = 0; m < rows; ++m) {
         const float *gate = gate_up + m * 2 * inter, *up = gate + inter;
         for (int64_t i = 0; i < inter; ++i) {
             activated[m * inter + i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
         }
     }
-    linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected);
+    linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected, threads);
     for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
     free(scratch);
     return 0;

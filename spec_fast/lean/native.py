@@ -40,7 +40,7 @@ BLOCK = 64
 GROUP = 32
 #: GGUF's block-quantised formats the kernels read, and their code in kernels.c
 BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
-_VERSION = 5
+_VERSION = 6
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("kernels.c", "layer.c"))
@@ -110,13 +110,14 @@ def _load() -> ctypes.CDLL | None:
         if lib.spec_fast_kernels_version() != _VERSION:
             return None
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64]
+        lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_f32.restype = None
-        lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64]
+        lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_blocks.restype = None
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
-        lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64]
+        lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
+                                        i64]
         lib.spec_fast_layer.restype = i64
     except (OSError, AttributeError):
         return None
@@ -129,8 +130,13 @@ def _build(compiler: str, folder: str, path: str) -> bool:
         os.makedirs(folder, exist_ok=True)
         handle, staging = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
-        done = subprocess.run([compiler, *_FLAGS, *_SOURCES, "-o", staging, "-lm"], capture_output=True, text=True,
-                              timeout=300)
+        # OpenMP shares a product's column blocks among torch's thread count; a compiler without it builds the
+        # single-threaded library (the pragmas are ignored)
+        for openmp in (("-fopenmp",), ()):
+            done = subprocess.run([compiler, *_FLAGS, *openmp, *_SOURCES, "-o", staging, "-lm"],
+                                  capture_output=True, text=True, timeout=300)
+            if done.returncode == 0:
+                break
         if done.returncode != 0:
             print(f"spec-fast: native kernels not built ({done.stderr.strip().splitlines()[-1:]}); "
                   "using torch's matrix products", file=sys.stderr)
@@ -176,7 +182,7 @@ def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torc
     rows, in_features = int(x.shape[0]), int(x.shape[1])
     out = torch.empty(rows, out_features, dtype=torch.float32)
     lib.spec_fast_mm_f32(x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features, in_features,
-                         packed.data_ptr(), out_features, out.data_ptr(), out_features)
+                         packed.data_ptr(), out_features, out.data_ptr(), out_features, torch.get_num_threads())
     return out
 
 
@@ -248,7 +254,8 @@ def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: in
     rows, in_features = int(x.shape[0]), int(x.shape[1])
     out = torch.empty(rows, out_features, dtype=torch.float32)
     lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features,
-                            in_features, packed.data_ptr(), out_features, out.data_ptr(), out_features)
+                            in_features, packed.data_ptr(), out_features, out.data_ptr(), out_features,
+                            torch.get_num_threads())
     return out
 
 
@@ -289,6 +296,6 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     batch, num_query = int(x.shape[0]), int(x.shape[1])
     status = lib.spec_fast_layer(ctypes.byref(weights), x.data_ptr(), batch, num_query, cos.data_ptr(),
                                  sin.data_ptr(), None if mask is None else mask.data_ptr(), past,
-                                 keys.data_ptr(), values.data_ptr(), int(keys.shape[2]))
+                                 keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), torch.get_num_threads())
     if status != 0:
         raise MemoryError("the native decoder layer could not allocate its scratch memory")

@@ -133,3 +133,20 @@ def test_the_cache_grows_inside_a_pass_and_padding_rows_stay_finite(monkeypatch:
     with torch.no_grad():
         logits = fused(ids, attention_mask=mask).logits
     assert bool(torch.isfinite(logits).all())
+
+
+def test_the_thread_count_changes_no_result() -> None:
+    """The products' column blocks and the attention pairs are shared among torch's thread count (OpenMP);
+    every output is still computed whole by one thread, so one and two threads agree bit for bit."""
+    model = LeanLlama.from_hf(tiny_llama(seed=2, hidden=64))
+    ids = torch.tensor([[1, 5, 7, 9, 3, 2, 8, 4, 6]])
+    saved = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                results.append(model(ids).logits)
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
