@@ -305,7 +305,7 @@ def generate(
     gguf_file: str | None = None,
     draft: str | None = None,
     dual: str | None = None,
-    quantize: str = "none",
+    quantize: str = "auto",
     lean: bool = False,
     strategy: str | None = None,
     verifier: str | None = None,

@@ -49,7 +49,8 @@ def gguf_cache_dir(gguf_path: str, dtype: str) -> str:
 
 
 def save_entry(entry: str, model: Any, tokenizer: Any) -> None:
-    """Write ``model`` (safetensors + config) and ``tokenizer`` to ``entry`` atomically.
+    """Write ``model`` (safetensors + config; None: the tokenizer alone) and ``tokenizer`` to ``entry``
+    atomically.
 
     The model must already be de-quantised (plain tensors); its GGUF quantizer record is dropped so that
     the entry loads as an ordinary checkpoint. Raises ``OSError`` when the cache cannot be written.
@@ -58,18 +59,8 @@ def save_entry(entry: str, model: Any, tokenizer: Any) -> None:
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(entry)}.tmp-", dir=parent)
     try:
-        quantizer = getattr(model, "hf_quantizer", None)
-        quantization_config = getattr(model.config, "quantization_config", None)
-        # save_pretrained refuses GGUF-loaded models; the weights are plain tensors after de-quantisation
-        model.hf_quantizer = None
-        if quantization_config is not None:
-            del model.config.quantization_config
-        try:
-            model.save_pretrained(staging, safe_serialization=True)
-        finally:
-            model.hf_quantizer = quantizer
-            if quantization_config is not None:
-                model.config.quantization_config = quantization_config
+        if model is not None:
+            _save_model(staging, model)
         tokenizer.save_pretrained(staging)
         umask = os.umask(0)
         os.umask(umask)
@@ -84,6 +75,21 @@ def save_entry(entry: str, model: Any, tokenizer: Any) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _save_model(folder: str, model: Any) -> None:
+    quantizer = getattr(model, "hf_quantizer", None)
+    quantization_config = getattr(model.config, "quantization_config", None)
+    # save_pretrained refuses GGUF-loaded models; the weights are plain tensors after de-quantisation
+    model.hf_quantizer = None
+    if quantization_config is not None:
+        del model.config.quantization_config
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+    finally:
+        model.hf_quantizer = quantizer
+        if quantization_config is not None:
+            model.config.quantization_config = quantization_config
 
 
 def _remove_stale_staging(parent: str, entry_name: str) -> None:

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from spec_fast.settings import (
-    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, SettingError,
+    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, QUANTIZE_CHOICES,
+    SettingError,
     resolve_settings,
 )
 from spec_fast.strategies import DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
@@ -93,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the text contains STRING (repeatable); the output ends before it")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=DTYPES)
-    gen.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "gguf"],
-                     help="weights of a Llama-family target (runs the lean forward): int8/int4 re-quantised, "
-                          "gguf = a GGUF file's own Q4_1/Q8_0 blocks as stored")
+    gen.add_argument("--quantize", default="auto", choices=list(QUANTIZE_CHOICES),
+                     help="weights of a Llama-family target (runs the lean forward): gguf = a GGUF file's own "
+                          "Q4_1/Q8_0 blocks as stored, int8/int4 re-quantised, none = float32; auto (default) = "
+                          "gguf for the default model on the CPU in float32, none otherwise")
     gen.add_argument("--lean", action="store_true",
                      help="require the lean forward (spec_fast.lean); a float32 Llama-family target runs on it anyway, "
                           "this makes any other model an error instead of running on transformers")

@@ -100,8 +100,9 @@ def gguf_path(name_or_path: str | None, gguf_file: str | None = None) -> str | N
 
 def _load_gguf_blocks(name_or_path: str | None, device: str, gguf_file: str | None, use_cache: bool,
                       notify: Callable[[str], None] | None) -> tuple[Any, Any]:
-    """``quantize="gguf"``: the lean model of the file's blocks, and the tokenizer of its float32 cache entry
-    (read without transformers once the entry exists; the first load writes it through transformers)."""
+    """``quantize="gguf"``: the lean model of the file's blocks, and the file's tokenizer: read without
+    transformers from the model cache (the float32 entry where one exists, else a tokenizer-only entry that
+    the first load writes through transformers: no de-quantisation of the weights)."""
     from spec_fast.lean.gguf import lean_from_gguf
 
     path = gguf_path(name_or_path, gguf_file)
@@ -109,9 +110,29 @@ def _load_gguf_blocks(name_or_path: str | None, device: str, gguf_file: str | No
         raise ValueError(f"quantize='gguf' keeps a GGUF file's quantised blocks; {name_or_path!r} is not a local "
                          "GGUF model")
     cached = load_cached_lean(name_or_path, gguf_file, device, model=False) if use_cache else None
-    tokenizer = cached[1] if cached is not None else _load_hf(name_or_path, "float32", "cpu", gguf_file,
-                                                              use_cache, notify)[1]
+    tokenizer = cached[1] if cached is not None else _gguf_tokenizer(path, use_cache, notify)
     return lean_from_gguf(path, "gguf").to(device), tokenizer
+
+
+def _gguf_tokenizer(path: str, use_cache: bool, notify: Callable[[str], None] | None) -> Any:
+    """The tokenizer of the GGUF file ``path``, through the model cache's tokenizer-only entry."""
+    from spec_fast.cache import gguf_cache_dir, save_entry
+    from spec_fast.lean.load import EntryTokenizer
+
+    entry = gguf_cache_dir(path, "tokenizer") if use_cache else None
+    if entry is not None and os.path.isfile(os.path.join(entry, "tokenizer.json")):
+        return EntryTokenizer(entry)
+    folder, name = os.path.split(path)
+    if entry is not None and notify is not None:
+        notify(f"reading {name}'s tokenizer once into {entry} (later runs load it from there)")
+    _, tokenizer = _from_pretrained(folder, name, "float32", "cpu", local=True, model=False)
+    if entry is not None:
+        try:
+            save_entry(entry, None, tokenizer)
+        except OSError as err:
+            if notify is not None:
+                notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
+    return tokenizer
 
 
 def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str | None, use_cache: bool,
@@ -168,7 +189,10 @@ def load_cached_lean(name_or_path: str | None, gguf_file: str | None = None, dev
     return load_entry(entry, device)
 
 
-def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str, local: bool) -> tuple[Any, Any]:
+def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str, local: bool,
+                     model: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` through transformers, quietly; ``model=False`` loads the tokenizer only
+    (``(None, tokenizer)``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as _hf_logging
 
@@ -185,13 +209,15 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str
         # the GGUF de-quantiser draws its own tqdm bar on stderr whatever the settings above say
         with contextlib.redirect_stderr(io.StringIO()):
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-            model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=parse_dtype(dtype), **kwargs)
+            if not model:
+                return None, tokenizer
+            loaded: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=parse_dtype(dtype), **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
         if previous is None:
             os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-    return model.to(device).eval(), tokenizer
+    return loaded.to(device).eval(), tokenizer
 
 
 def lean_model(model: Any, weights: str = "float32") -> Any:

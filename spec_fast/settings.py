@@ -47,6 +47,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 DUAL_MODES = ("merge", "route", "route-calibrated")
 #: weight-only quantisation of the lean forward (spec_fast.models.QUANTIZE, kept here to avoid importing torch)
 QUANTIZE = ("none", "int8", "int4", "gguf")
+#: ``quantize`` values :func:`resolve_settings` accepts: ``auto`` (the default) resolves to ``gguf`` for the
+#: default model on the CPU in float32 (its GGUF file's own blocks: the weights llama.cpp runs, measured in
+#: bench/results/peers.md) and to ``none`` for everything else
+QUANTIZE_CHOICES = ("auto", *QUANTIZE)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
@@ -187,7 +191,7 @@ def resolve_settings(
     device: str = "cpu",
     threads: int | None = DEFAULT_THREADS,
     dual: str | None = None,
-    quantize: str = "none",
+    quantize: str = "auto",
     lean: bool = False,
 ) -> GenerateSettings:
     """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
@@ -196,7 +200,8 @@ def resolve_settings(
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
     (greedy) or ``DEFAULT_SAMPLED_STRATEGY`` (temperature > 0) with a named draft and
     ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
-    own thread count. Two drafts ``"A,B"`` need ``dual`` (``merge``, ``route`` or ``route-calibrated``,
+    own thread count. ``quantize`` ``auto``: ``gguf`` for the default model with ``dtype`` float32 on the
+    CPU without ``lean``, else ``none`` (:data:`QUANTIZE_CHOICES`). Two drafts ``"A,B"`` need ``dual`` (``merge``, ``route`` or ``route-calibrated``,
     :class:`spec_fast.drafts.dual.DualDrafter`).
     """
     t = temperature
@@ -213,8 +218,11 @@ def resolve_settings(
         _int("threads", threads, 1)
     if dtype not in DTYPES:
         raise SettingError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if quantize not in QUANTIZE:
-        raise SettingError("quantize", f"must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise SettingError("quantize", f"must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if quantize == "auto":
+        default_model = model is None and gguf_file is None
+        quantize = "gguf" if default_model and dtype == "float32" and device == "cpu" and not lean else "none"
     lean = bool(lean) or quantize != "none"
     if lean and dtype != "float32":
         raise SettingError("dtype", f"--lean and --quantize run float32 activations: drop --dtype, got {dtype!r}")

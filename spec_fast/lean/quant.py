@@ -149,6 +149,9 @@ class LeanLinear(nn.Module):
     def __getattr__(self, name: str) -> Any:
         # a packed-only float32 layer has no stored [N, K] weight; reading ``.weight`` unpacks a copy
         if name == "weight":
+            exposed = self.__dict__["_parameters"].get("weight")
+            if exposed is not None:  # expose_weight's Parameter
+                return exposed
             packed = self.__dict__["_buffers"].get("packed")
             if packed is not None:
                 kind = self.__dict__["kind"]

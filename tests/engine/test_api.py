@@ -111,6 +111,20 @@ def test_the_draft_names_match_the_loader_and_the_api_defaults_match_the_cli() -
     assert vars(build_parser().parse_args(["generate", "x"]))["threads"] == 1
 
 
+def test_quantize_auto_runs_the_default_models_gguf_blocks_on_the_cpu_and_float32_elsewhere(tmp_path: Any) -> None:
+    assert resolve_settings().quantize == "gguf" and resolve_settings().lean
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for kwargs in ({"model": str(folder)}, {"dtype": "bfloat16"}, {"device": "cuda"}, {"quantize": "none"}):
+        settings = resolve_settings(**kwargs)  # type: ignore[arg-type]
+        assert settings.quantize == "none" and not settings.lean, kwargs
+    lean = resolve_settings(lean=True)  # --lean alone asks for the float32 lean forward
+    assert lean.quantize == "none" and lean.lean
+    assert resolve_settings(quantize="int8").quantize == "int8"
+    with pytest.raises(SettingError, match="quantize"):
+        resolve_settings(quantize="q4")
+
+
 def test_model_names_never_reach_a_hub_unless_they_are_hub_ids(tmp_path: Any) -> None:
     folder = resolve_model_source(str(tmp_path))
     assert folder.local and folder.path == str(tmp_path)
