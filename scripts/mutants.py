@@ -193,13 +193,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests/engine/test_drafting_decisions.py::test_dynatree_trees_with_ties_equal_the_reference_rule",),
        "DynaTree branching takes tied children highest id first", fast=True),
     # ------------------------------------------------------------------ native matrix products (spec_fast/lean)
-    _m("native-q4-offset-subtracted", "spec_fast/lean/kernels.c",
-       "for (int r = 0; r < rows; ++r) acc[r][c] += dc * part[r][c] + mc * sum_x[r];\n        }\n    }\n"
-       "    store_rows(rows, acc, y, ldy, width);\n}\n\nstatic inline __attribute__((always_inline)) void q8_rows(",
-       "for (int r = 0; r < rows; ++r) acc[r][c] += dc * part[r][c] - mc * sum_x[r];\n        }\n    }\n"
-       "    store_rows(rows, acc, y, ldy, width);\n}\n\nstatic inline __attribute__((always_inline)) void q8_rows(",
+    _m("native-block-offset-subtracted", "spec_fast/lean/blocks.c",
+       "acc[r][c] += (dc * scale) * __builtin_convertvector(sums[r][c], f32x16) + mc * shift;",
+       "acc[r][c] += (dc * scale) * __builtin_convertvector(sums[r][c], f32x16) - mc * shift;",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
-       "Q4_1 blocks decoded as d q - m instead of the file's d q + m"),
+       "block weights decoded as d q - m instead of the file's d q + m (Q4_1; Q8_0's stored bias added, not removed)"),
     _m("native-f32-last-input-dropped", "spec_fast/lean/kernels.c",
        "    for (int64_t k = 0; k < k_size; ++k) {\n        f32x16 wk[VECS];",
        "    for (int64_t k = 0; k < k_size - 1; ++k) {\n        f32x16 wk[VECS];",

@@ -33,8 +33,8 @@
 
 void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_size, const float *packed,
                       int64_t n_size, float *y, int64_t ldy, int64_t threads);
-void spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
-                         const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads);
+int64_t spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
+                            const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads);
 
 #define LANES 16
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
@@ -52,18 +52,21 @@ typedef struct {
 /* An additive mask at or below this excludes the slot (torch's finfo(float32).min and -inf both do). */
 #define EXCLUDED (-1e30f)
 
-static void linear(int64_t kind, const void *w, const float *bias, const float *x, int64_t rows, int64_t k_size,
-                   int64_t n_size, float *y, int64_t threads) {
+/* y = x W^T (+ bias); 0, or -1 when a block product could not allocate its scratch memory */
+static int64_t linear(int64_t kind, const void *w, const float *bias, const float *x, int64_t rows,
+                      int64_t k_size, int64_t n_size, float *y, int64_t threads) {
     if (kind == 0) {
         spec_fast_mm_f32(x, rows, k_size, k_size, (const float *)w, n_size, y, n_size, threads);
-    } else {
-        spec_fast_mm_blocks(kind, x, rows, k_size, k_size, (const uint8_t *)w, n_size, y, n_size, threads);
+    } else if (spec_fast_mm_blocks(kind, x, rows, k_size, k_size, (const uint8_t *)w, n_size, y, n_size,
+                                   threads) != 0) {
+        return -1;
     }
     if (bias != NULL) {
         for (int64_t r = 0; r < rows; ++r) {
             for (int64_t j = 0; j < n_size; ++j) y[r * n_size + j] += bias[j];
         }
     }
+    return 0;
 }
 
 /* HF's RMSNorm: x / sqrt(mean(x^2) + eps), then times the weight (the mean accumulated in double). */
@@ -132,7 +135,7 @@ static void attend(const float *q, const float *keys, const float *values, int64
 }
 
 /* One decoder layer over x [batch * num_query, hidden] in place (see the header). Returns 0, or -1 when
- * scratch memory could not be allocated (x and the cache are then unchanged). */
+ * scratch memory could not be allocated (x is then partly updated: the caller passes a copy and drops it). */
 int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batch, int64_t num_query,
                         const float *cos, const float *sin, const float *mask, int64_t past, float *keys,
                         float *values, int64_t capacity, int64_t threads) {
@@ -150,7 +153,10 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     const float scale = 1.f / sqrtf((float)dim);
 
     rms_norm(x, rows, hidden, w->norm1, w->eps1, normed);
-    linear(w->qkv_kind, w->qkv, w->qkv_bias, normed, rows, hidden, qkv_width, qkv, threads);
+    if (linear(w->qkv_kind, w->qkv, w->qkv_bias, normed, rows, hidden, qkv_width, qkv, threads) != 0) {
+        free(scratch);
+        return -1;
+    }
     for (int64_t m = 0; m < rows; ++m) {
         const int64_t b = m / num_query, slot = past + m % num_query;
         float *row = qkv + m * qkv_width;
@@ -175,18 +181,27 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
         attend(qkv + m * qkv_width + h * dim, keys + at, values + at, slots, mask_row, past + q + 1, dim,
                scale, own_scores, attended + (m * heads + h) * dim);
     }
-    linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads);
+    if (linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads) != 0) {
+        free(scratch);
+        return -1;
+    }
     for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
 
     rms_norm(x, rows, hidden, w->norm2, w->eps2, normed);
-    linear(w->gate_up_kind, w->gate_up, NULL, normed, rows, hidden, 2 * inter, gate_up, threads);
+    if (linear(w->gate_up_kind, w->gate_up, NULL, normed, rows, hidden, 2 * inter, gate_up, threads) != 0) {
+        free(scratch);
+        return -1;
+    }
     for (int64_t m = 0; m < rows; ++m) {
         const float *gate = gate_up + m * 2 * inter, *up = gate + inter;
         for (int64_t i = 0; i < inter; ++i) {
             activated[m * inter + i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
         }
     }
-    linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected, threads);
+    if (linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected, threads) != 0) {
+        free(scratch);
+        return -1;
+    }
     for (int64_t i = 0; i < rows * hidden; ++i) x[i] += projected[i];
     free(scratch);
     return 0;

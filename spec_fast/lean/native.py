@@ -36,14 +36,16 @@ __all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "avai
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
-#: inputs per quantisation group of the block kinds (``GROUP`` in kernels.c; GGUF's block size)
+#: inputs per quantisation group of the block kinds (``GROUP`` in blocks.c; GGUF's block size)
 GROUP = 32
-#: GGUF's block-quantised formats the kernels read, and their code in kernels.c
+#: groups of 4 inputs per group (one 32-bit accumulator lane per output and quad in blocks.c)
+QUADS = GROUP // 4
+#: GGUF's block-quantised formats the kernels read, and their code in blocks.c
 BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
-_VERSION = 6
+_VERSION = 7
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
-_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("kernels.c", "layer.c"))
+_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("kernels.c", "blocks.c", "layer.c"))
 _LOCK = threading.Lock()
 _STATE: dict[str, ctypes.CDLL | None] = {}
 
@@ -113,7 +115,7 @@ def _load() -> ctypes.CDLL | None:
         lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_f32.restype = None
         lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
-        lib.spec_fast_mm_blocks.restype = None
+        lib.spec_fast_mm_blocks.restype = i64
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
@@ -188,7 +190,7 @@ def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torc
 
 def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
     """A block-quantised weight ``w[n, k] = scales[n, k // 32] * values[n, k] + offsets[n, k // 32]`` in the
-    layout of kernels.c: uint8 ``[ceil(N / 64), K / 32, bytes per group]``.
+    layout of blocks.c: uint8 ``[ceil(N / 64), K / 32, bytes per group]``.
 
     Args:
         kind: ``"q4_1"`` (``values`` uint8 in 0..15, ``offsets`` float32 ``[N, K / 32]``) or ``"q8_0"``
@@ -210,19 +212,19 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
         out[:out_features] = t
         return out
 
-    # [NB, 64 outputs, G, 32 inputs] -> per (block, group): inputs major, outputs minor
-    grid = pad(values).view(blocks, BLOCK, groups, GROUP)
+    # [NB, 64 outputs j, G, 8 quads, 4 inputs i] -> per (block, group): quad, output, input
+    grid = pad(values).view(blocks, BLOCK, groups, QUADS, 4)
     scale_bytes = pad(scales.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
     if kind == "q4_1":
         if offsets is None:
             raise ValueError("q4_1 needs offsets (GGUF's m), got offsets=None")
         low, high = grid[:, : BLOCK // 2].to(torch.uint8), grid[:, BLOCK // 2 :].to(torch.uint8)
-        nibbles = (low | (high << 4)).permute(0, 2, 3, 1).reshape(blocks, groups, GROUP * BLOCK // 2)
+        nibbles = (low | (high << 4)).permute(0, 2, 3, 1, 4).reshape(blocks, groups, GROUP * BLOCK // 2)
         offset_bytes = pad(offsets.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
         parts = [nibbles, scale_bytes.view(torch.uint8), offset_bytes.view(torch.uint8)]
     else:
-        # stored as q + 128 with offset -128 d (kernels.c: unsigned bytes vectorise well)
-        biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1)
+        # stored as q + 128 with offset -128 d (blocks.c: both kinds multiply unsigned bytes)
+        biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1, 4)
         offset_bytes = (-128.0 * scale_bytes).contiguous()
         parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes.view(torch.uint8),
                  offset_bytes.view(torch.uint8)]
@@ -232,30 +234,37 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
 def unpack_blocks(kind: str, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """The float32 ``[N, K]`` weight (``scale * value + offset``) of a layout of :func:`pack_blocks`."""
     blocks, groups, _ = (int(n) for n in packed.shape)
+    value_bytes = GROUP * BLOCK // 2 if kind == "q4_1" else GROUP * BLOCK
     if kind == "q4_1":
-        nibbles = packed[:, :, : GROUP * BLOCK // 2].reshape(blocks, groups, GROUP, BLOCK // 2)
-        values = torch.cat([nibbles & 15, nibbles >> 4], dim=3).float()  # [NB, G, 32 k, 64 j]
-        rest = packed[:, :, GROUP * BLOCK // 2 :].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
-        weight = values * rest[:, :, 0].unsqueeze(2) + rest[:, :, 1].unsqueeze(2)
+        nibbles = packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK // 2, 4)
+        values = torch.cat([nibbles & 15, nibbles >> 4], dim=3).float()  # [NB, G, 8 quads, 64 j, 4 i]
     else:
-        values = packed[:, :, : GROUP * BLOCK].reshape(blocks, groups, GROUP, BLOCK).to(torch.int16) - 128
-        rest = packed[:, :, GROUP * BLOCK :].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
-        weight = values.float() * rest[:, :, 0].unsqueeze(2)
-    # [NB, G, 32 k, 64 j] -> [NB * 64, G * 32]
-    return weight.permute(0, 3, 1, 2).reshape(blocks * BLOCK, groups * GROUP)[:out_features]
+        values = (packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK, 4).to(torch.int16) - 128).float()
+    rest = packed[:, :, value_bytes:].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
+    scale = rest[:, :, 0].view(blocks, groups, 1, BLOCK, 1)
+    weight = values * scale
+    if kind == "q4_1":
+        weight = weight + rest[:, :, 1].view(blocks, groups, 1, BLOCK, 1)
+    # [NB, G, 8 quads, 64 j, 4 i] -> [NB * 64, G * 32]
+    return weight.permute(0, 3, 1, 2, 4).reshape(blocks * BLOCK, groups * GROUP)[:out_features]
 
 
 def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x [M, K]`` float32 on the CPU times a block-quantised weight's transpose -> ``[M, N]`` float32."""
+    """``x [M, K]`` float32 on the CPU times a block-quantised weight's transpose -> ``[M, N]`` float32.
+
+    The rows of ``x`` are quantised to int8 per group of 32 inputs first (llama.cpp's scheme, blocks.c), so
+    the result is the product up to that rounding; each row's result depends on that row only."""
     lib = _library()
     assert lib is not None
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows, in_features = int(x.shape[0]), int(x.shape[1])
     out = torch.empty(rows, out_features, dtype=torch.float32)
-    lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features,
-                            in_features, packed.data_ptr(), out_features, out.data_ptr(), out_features,
-                            torch.get_num_threads())
+    status = lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows,
+                                     int(x.stride(0)) if rows > 0 else in_features, in_features, packed.data_ptr(),
+                                     out_features, out.data_ptr(), out_features, torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("the native block product could not allocate its scratch memory")
     return out
 
 

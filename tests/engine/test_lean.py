@@ -269,6 +269,16 @@ def test_smollm2_lean_int8_greedy_speculative_output_equals_its_plain_decoding(s
     assert decoder.generate(prompts, max_new_tokens=40).tokens == plain
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` as the block products see it: per row and group of 32 inputs, ``dx * round(x / dx)`` with
+    ``dx = max |x| / 127`` (float32 throughout, rounding half to even)."""
+    groups = x.reshape(x.shape[0], -1, native.GROUP)
+    scale = groups.abs().amax(dim=-1, keepdim=True) / 127.0
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    quantised = torch.round((groups * inverse).clamp(-127, 127))
+    return (quantised * scale).reshape(x.shape)
+
+
 @pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
 @pytest.mark.parametrize("kind", sorted(native.BLOCK_KINDS))
 @pytest.mark.parametrize("shape", [(1, 32), (70, 64), (192, 576)])
@@ -291,7 +301,10 @@ def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_th
     assert layer.kind == kind and torch.equal(layer.dequantized(), weight)  # the stored weights, exactly
     x = torch.randn(11, in_features)
     full = layer(x)
-    torch.testing.assert_close(full, x @ weight.t(), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    # the product of the stored weights with the activations as the kernel quantises them (int8 per group
+    # of 32 inputs, llama.cpp's scheme): exact up to float32 rounding
+    torch.testing.assert_close(full, int8_activations(x) @ weight.t(), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    torch.testing.assert_close(full, x @ weight.t(), rtol=0.05, atol=0.02 * in_features ** 0.5)
     for start in range(11):
         for stop in range(start + 1, 12):
             assert torch.equal(layer(x[start:stop]), full[start:stop]), (start, stop)

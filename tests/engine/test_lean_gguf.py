@@ -101,10 +101,14 @@ def test_the_blocks_as_read_are_the_files_weights(gguf_tensors: Any) -> None:
 
 
 @pytest.mark.model
-def test_the_gguf_blocks_model_is_the_float32_model_up_to_rounding(gguf_tensors: Any) -> None:
-    """weights='gguf' multiplies the file's blocks as stored: the same weights as the de-quantised float32
-    model, so the logits agree within float32 rounding and greedy decoding gives the same tokens; its
-    speculative output equals its own plain decoding (the products and the native layer are batch-invariant)."""
+def test_the_gguf_blocks_model_is_the_float32_model_up_to_activation_rounding(gguf_tensors: Any) -> None:
+    """weights='gguf' multiplies the file's blocks as stored (the same weights as the de-quantised float32
+    model) with activations rounded to int8 per group of 32, llama.cpp's scheme (spec_fast/lean/blocks.c): its
+    next-token distributions stay within a small KL divergence of the float32 model's (measured here: mean
+    0.009, max 0.02 nats; bench/results/gguf_vs_llama.md, on 344 positions of chat text: about 0.004 from
+    the float32 model and 0.005 from llama.cpp's, whose own divergence from the float32 model is 0.0035) and
+    its speculative output equals its own plain decoding (the products and the native layer are
+    batch-invariant)."""
     from spec_fast.engine import SpeculativeDecoder
     from spec_fast.drafts.retrieval import RetrievalDrafter
     from spec_fast.lean import native
@@ -116,11 +120,12 @@ def test_the_gguf_blocks_model_is_the_float32_model_up_to_rounding(gguf_tensors:
     dense = LeanLlama.from_hf(gguf_tensors)
     assert blocks.model.layers[0].mlp.gate_up_proj.kind == "q4_1" and blocks.lm_head.kind == "q8_0"
     ids = torch.tensor([[1, 504, 3458, 314, 253, 1751, 28, 7, 2451, 30]])
-    torch.testing.assert_close(_logits(blocks, ids), _logits(dense, ids), rtol=0, atol=2e-3)
+    ours, reference = _logits(blocks, ids)[0].log_softmax(-1), _logits(dense, ids)[0].log_softmax(-1)
+    divergence = (reference.exp() * (reference - ours)).sum(-1)
+    assert float(divergence.mean()) < 0.03 and float(divergence.max()) < 0.1, divergence
+    assert float((ours.argmax(-1) == reference.argmax(-1)).float().mean()) >= 0.8
     prompt = [1, 9690, 198, 2683, 346, 253, 1876, 3180, 28, 7, 1]
-    plain = [SpeculativeDecoder(m, None, parse_strategy("ar")).generate([prompt], max_new_tokens=24).tokens[0]
-             for m in (blocks, dense)]
-    assert plain[0] == plain[1]
+    plain = SpeculativeDecoder(blocks, None, parse_strategy("ar")).generate([prompt], max_new_tokens=24).tokens
     drafter = RetrievalDrafter(None, int(blocks.config.vocab_size))
     for strategy in ("chain:3", "topk:2,2,4"):
         spec = SpeculativeDecoder(blocks, drafter, parse_strategy(strategy)).generate([prompt], max_new_tokens=24)

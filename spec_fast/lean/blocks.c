@@ -1,0 +1,210 @@
+/* Products with GGUF block-quantised weights (Q4_1, Q8_0) on integer dot products, for any number of rows.
+ *
+ * A float product of these weights costs one fused multiply-add per weight and row: at 2-5 rows (a
+ * verification pass) the CPU's float units, not memory, set the pace, and every extra token of a pass cost
+ * about a third of a one-token pass on SmolLM2. Here, as in llama.cpp, each row of activations is quantised
+ * to int8 in groups of 32 inputs (x ~ dx xq, dx = max|x| / 127, xq rounded to nearest), and each group's
+ * sum of weight values times xq is an exact integer (AVX512-VNNI: 64 byte products per instruction). Per
+ * output and group, with the weights w = d q + m:
+ *
+ *     y += (d dx) sum_k q_k xq_k + m sx,        sx = dx sum_k xq_k
+ *
+ * (Q8_0's q in -128..127 is stored as the byte q + 128 with m = -128 d, so both kinds multiply unsigned
+ * bytes.) The integer sums are exact and the float steps per output run in one fixed order, so each row's
+ * result depends only on that row: a verification pass gives every token exactly what a one-token pass gives
+ * it, on any CPU (the VNNI and the portable code compute the same integers).
+ *
+ * Layout of a weight [N, K] (K a multiple of 32), per block of 64 outputs and group g of 32 inputs: the
+ * values in 8 quads of 4 inputs, each quad output-major with its 4 inputs adjacent (byte 4 j + i holds input
+ * 4 quad + i of output j: one 32-bit lane of an accumulator per output); Q4_1 packs outputs j and j + 32 into
+ * the low and high nibble of one byte (128 bytes a quad), Q8_0 one byte per value (256 bytes a quad); then
+ * d[64] and m[64] as float32. spec_fast/lean/native.py (pack_blocks) writes it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define SPEC_FAST_VNNI 1
+#endif
+
+#define BLOCK 64
+#define LANES 16
+#define VECS (BLOCK / LANES)
+#define GROUP 32
+#define QUADS (GROUP / 4)
+#define Q4_QUAD_BYTES (BLOCK * 4 / 2)
+#define Q8_QUAD_BYTES (BLOCK * 4)
+#define Q4_GROUP_BYTES (QUADS * Q4_QUAD_BYTES + 2 * BLOCK * 4)
+#define Q8_GROUP_BYTES (QUADS * Q8_QUAD_BYTES + 2 * BLOCK * 4)
+
+typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i32x16 __attribute__((vector_size(64), aligned(4)));
+
+static inline f32x16 load16(const float *p) { f32x16 v; memcpy(&v, p, sizeof(v)); return v; }
+
+/* Row r of x [rows, ldx] quantised per group of 32: xq [rows, K] int8, dx and sx [rows, K / 32]. */
+static void quantize_rows(const float *x, int64_t rows, int64_t ldx, int64_t k_size, int8_t *xq, float *dx,
+                          float *sx) {
+    const int64_t groups = k_size / GROUP;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+            const float *v = x + r * ldx + g * GROUP;
+            float amax = 0.f;
+            for (int i = 0; i < GROUP; ++i) amax = fmaxf(amax, fabsf(v[i]));
+            const float d = amax / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
+            int32_t sum = 0;
+            for (int i = 0; i < GROUP; ++i) {
+                float t = v[i] * inverse;
+                t = t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t)); /* NaN -> 0, never UB */
+                const int32_t q = (int32_t)nearbyintf(t);
+                xq[r * k_size + g * GROUP + i] = (int8_t)q;
+                sum += q;
+            }
+            dx[r * groups + g] = d;
+            sx[r * groups + g] = d * (float)sum;
+        }
+    }
+}
+
+/* sums[r][c] (lane l: output 16 c + l) += the dot products of one quad: weight bytes u (VECS vectors of 64
+ * bytes, output-major, 4 inputs per output) with the 4 activation bytes of each row. */
+#ifdef SPEC_FAST_VNNI
+typedef __m512i quad_weights_t[VECS];
+static inline void quad_weights(int kind, const uint8_t *p, quad_weights_t u) {
+    if (kind == 4) {
+        const __m512i low_mask = _mm512_set1_epi8(15);
+        const __m512i a = _mm512_loadu_si512((const void *)p), b = _mm512_loadu_si512((const void *)(p + 64));
+        u[0] = _mm512_and_si512(a, low_mask);
+        u[1] = _mm512_and_si512(b, low_mask);
+        u[2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), low_mask);
+        u[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low_mask);
+    } else {
+        for (int c = 0; c < VECS; ++c) u[c] = _mm512_loadu_si512((const void *)(p + 64 * c));
+    }
+}
+static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 sums[VECS]) {
+    int32_t packed;
+    memcpy(&packed, xq4, 4);
+    const __m512i xb = _mm512_set1_epi32(packed);
+    for (int c = 0; c < VECS; ++c) {
+        __m512i s;
+        memcpy(&s, &sums[c], sizeof(s));
+        s = _mm512_dpbusd_epi32(s, u[c], xb);
+        memcpy(&sums[c], &s, sizeof(s));
+    }
+}
+#else
+typedef uint8_t quad_weights_t[VECS][64];
+static inline void quad_weights(int kind, const uint8_t *p, quad_weights_t u) {
+    for (int t = 0; t < 128 && kind == 4; ++t) {
+        u[t / 64][t % 64] = p[t] & 15;
+        u[2 + t / 64][t % 64] = p[t] >> 4;
+    }
+    if (kind != 4) memcpy(u, p, sizeof(quad_weights_t));
+}
+static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 sums[VECS]) {
+    for (int c = 0; c < VECS; ++c) {
+        for (int l = 0; l < LANES; ++l) {
+            const uint8_t *w = u[c] + 4 * l;
+            sums[c][l] += w[0] * xq4[0] + w[1] * xq4[1] + w[2] * xq4[2] + w[3] * xq4[3];
+        }
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void block_rows(int kind, int rows, const int8_t *restrict xq,
+                                                             const float *restrict dx, const float *restrict sx,
+                                                             int64_t k_size, const uint8_t *restrict packed,
+                                                             float *restrict y, int64_t ldy, int64_t width) {
+    const int64_t groups = k_size / GROUP;
+    const int64_t quad_bytes = kind == 4 ? Q4_QUAD_BYTES : Q8_QUAD_BYTES;
+    const int64_t group_bytes = kind == 4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES;
+    f32x16 acc[4][VECS];
+    memset(acc, 0, sizeof(acc));
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *restrict values = packed + g * group_bytes;
+        const float *restrict d = (const float *)(values + QUADS * quad_bytes);
+        const float *restrict m = d + BLOCK;
+        i32x16 sums[4][VECS];
+        memset(sums, 0, sizeof(sums));
+        for (int q = 0; q < QUADS; ++q) {
+            quad_weights_t u;
+            quad_weights(kind, values + q * quad_bytes, u);
+            for (int r = 0; r < rows; ++r) quad_dot(u, xq + r * k_size + g * GROUP + 4 * q, sums[r]);
+        }
+        for (int r = 0; r < rows; ++r) {
+            const float scale = dx[r * groups + g], shift = sx[r * groups + g];
+            for (int c = 0; c < VECS; ++c) {
+                const f32x16 dc = load16(d + c * LANES), mc = load16(m + c * LANES);
+                acc[r][c] += (dc * scale) * __builtin_convertvector(sums[r][c], f32x16) + mc * shift;
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        float out[BLOCK];
+        memcpy(out, acc[r], sizeof(out));
+        memcpy(y + r * ldy, out, (size_t)width * sizeof(float));
+    }
+}
+
+/* One instantiation per kind and row count, so every loop has compile-time bounds. */
+#define ROWS(KIND, R)                                                                                     \
+    static void rows_##KIND##_##R(const int8_t *xq, const float *dx, const float *sx, int64_t k_size,     \
+                                  const uint8_t *w, float *y, int64_t ldy, int64_t width) {               \
+        block_rows(KIND, R, xq, dx, sx, k_size, w, y, ldy, width);                                        \
+    }
+ROWS(4, 1)
+ROWS(4, 2)
+ROWS(4, 3)
+ROWS(4, 4)
+ROWS(8, 1)
+ROWS(8, 2)
+ROWS(8, 3)
+ROWS(8, 4)
+
+/* y [M, ldy] (first n_size columns written) = x [M, K] (row stride ldx) times a packed Q4_1 (kind 4) or
+ * Q8_0 (kind 8) weight's transpose, on up to `threads` threads (blocks of 64 outputs shared among them; each
+ * output computed whole by one thread). K is a multiple of 32. Returns 0, or -1 when scratch memory could not
+ * be allocated (y unwritten). */
+int64_t spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
+                            const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads) {
+    const int64_t blocks = (n_size + BLOCK - 1) / BLOCK;
+    const int64_t groups = k_size / GROUP;
+    const int64_t block_bytes = groups * (kind == 4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES);
+    if (m_size <= 0) return 0;
+    int8_t *xq = malloc((size_t)(m_size * k_size) + 2 * sizeof(float) * (size_t)(m_size * groups));
+    if (xq == NULL) return -1;
+    float *dx = (float *)(void *)(xq + m_size * k_size), *sx = dx + m_size * groups;
+    /* xq holds m_size * k_size bytes, a multiple of 32: dx is aligned for floats */
+    quantize_rows(x, m_size, ldx, k_size, xq, dx, sx);
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *w = packed + b * block_bytes;
+        const int64_t width = n_size - b * BLOCK < BLOCK ? n_size - b * BLOCK : BLOCK;
+        for (int64_t m0 = 0; m0 < m_size; m0 += 4) {
+            const int64_t rows = m_size - m0 < 4 ? m_size - m0 : 4;
+            const int8_t *xm = xq + m0 * k_size;
+            const float *dm = dx + m0 * groups, *sm = sx + m0 * groups;
+            float *ym = y + m0 * ldy + b * BLOCK;
+            if (kind == 4) {
+                switch (rows) {
+                    case 1: rows_4_1(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    case 2: rows_4_2(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    case 3: rows_4_3(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    default: rows_4_4(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                }
+            } else {
+                switch (rows) {
+                    case 1: rows_8_1(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    case 2: rows_8_2(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    case 3: rows_8_3(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                    default: rows_8_4(xm, dm, sm, k_size, w, ym, ldy, width); break;
+                }
+            }
+        }
+    }
+    free(xq);
+    return 0;
+}
