@@ -4,8 +4,8 @@ Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec
 in the retrieval datastore), ``input-grounded`` (summarise, rewrite, extract or continue a passage given in
 the prompt), ``long`` (a ~600-token document followed by a question about it). Configurations: plain
 decoding (``ar``) and the default ``retrieval`` draft with ``chain:1`` to ``chain:4``, ``chain:2+adaptive`` and
-``chain:3+adaptive``, on the target as ``spec-fast generate`` runs it (the lean forward; ``--quantize gguf``
-for the GGUF file's own blocks).
+``chain:3+adaptive``, on the target as ``spec-fast generate`` runs it (the lean forward on the GGUF file's own
+blocks; ``--quantize none`` for the float32 weights).
 Each prompt gets fresh decoders, as one ``spec-fast generate`` process does (so ``+adaptive`` learns within
 the reply only). The configurations run prompt by prompt in the order A B C ... C B A, so that a slow
 phase of the shared machine hits all of them alike; a configuration's speedup on a prompt is its tokens/s
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--draft", default="retrieval")
-    parser.add_argument("--quantize", default="none", choices=["none", "gguf"],
-                        help="the target's weights as spec-fast generate --quantize takes them")
+    parser.add_argument("--quantize", default="gguf", choices=["none", "gguf"],
+                        help="the target's weights as spec-fast generate --quantize takes them (default gguf: "
+                             "what --quantize auto runs for the default model)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="> 0: sampled chat and input-grounded workloads -> defaults_sampled.{json,md}")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))

