@@ -49,6 +49,9 @@ typedef struct {
     double eps1, eps2;
 } spec_fast_layer_weights;
 
+/* head sizes up to this keep the attention's weighted sum in registers (larger ones take a plain loop) */
+#define MAX_DIM 256
+
 /* An additive mask at or below this excludes the slot (torch's finfo(float32).min and -inf both do). */
 #define EXCLUDED (-1e30f)
 
@@ -100,38 +103,110 @@ static inline float dot(const float *a, const float *b, int64_t size) {
         memcpy(&vb, b + i, sizeof(vb));
         acc += va * vb;
     }
-    float sum = 0.f;
-    for (int l = 0; l < LANES; ++l) sum += acc[l];
+    /* a fixed pairwise reduction of the 16 lanes (a sequential one is a 16-add dependency chain) */
+    float lanes[LANES];
+    memcpy(lanes, &acc, sizeof(lanes));
+    for (int width = LANES / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    float sum = lanes[0];
     for (; i < size; ++i) sum += a[i] * b[i];
     return sum;
 }
 
-/* out [dim] = softmax over the attended slots of (q . k_j) scale + mask_j, times v_j. A slot is attended
- * when mask is NULL and j < limit, or when mask[j] is above EXCLUDED. */
-static void attend(const float *q, const float *keys, const float *values, int64_t slots, const float *mask,
-                   int64_t limit, int64_t dim, float scale, float *scores, float *out) {
-    float best = -INFINITY;
-    for (int64_t j = 0; j < slots; ++j) {
-        if (mask == NULL ? j >= limit : mask[j] <= EXCLUDED) {
-            scores[j] = -INFINITY;
-            continue;
+/* exp(v - shift) of 16 lanes, the same function in every lane (so a value's exp does not depend on which lane it sits
+ * in): AVX-512 range reduction and polynomial (Cephes' expf coefficients, about 1 ulp), expf elsewhere. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* v <- exp(v - shift), and exactly 0 where v is -inf (an excluded slot) */
+static inline void exp16_shifted(float *v, float shift) {
+    const __m512 raw = _mm512_loadu_ps(v);
+    const __mmask16 kept = _mm512_cmp_ps_mask(raw, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    __m512 x = _mm512_max_ps(_mm512_sub_ps(raw, _mm512_set1_ps(shift)), _mm512_set1_ps(-104.f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    _mm512_storeu_ps(v, _mm512_maskz_mov_ps(kept, _mm512_scalef_ps(p, n)));
+}
+#else
+static inline void exp16_shifted(float *v, float shift) {
+    for (int l = 0; l < LANES; ++l) v[l] = v[l] == -INFINITY ? 0.f : expf(v[l] - shift);
+}
+#endif
+
+static inline int excluded(const float *mask, int64_t j, int64_t limit) {
+    return mask == NULL ? j >= limit : mask[j] <= EXCLUDED;
+}
+
+/* Attention of the `group` query heads that share one key/value head (grouped-query attention): head h's
+ * query at q + h dim, its output at out + h dim. out = softmax over the attended slots of (q . k_j) scale +
+ * mask_j, times v_j; a slot is attended when mask is NULL and j < limit, or when mask[j] is above EXCLUDED.
+ * Each key and value is read once for the whole group. Per head, the scores, their maximum, the sum of the
+ * weights and the weighted sum of values run in slot order over the attended slots only (an excluded slot
+ * has weight exactly 0), and the exponential of a slot's score does not depend on the other slots: the
+ * output depends only on the attended keys and values. scores: group x stride floats (stride >= slots
+ * rounded up to 16). */
+static void attend_group(const float *q, int64_t group, const float *keys, const float *values, int64_t slots,
+                         const float *mask, int64_t limit, int64_t dim, float scale, float *scores, int64_t stride,
+                         float *out) {
+    float best[group], total[group];
+    for (int64_t h = 0; h < group; ++h) best[h] = -INFINITY;
+    for (int64_t j = 0; j < stride; ++j) {
+        const int skip = j >= slots || excluded(mask, j, limit);
+        for (int64_t h = 0; h < group; ++h) {
+            float s = -INFINITY;
+            if (!skip) {
+                s = dot(q + h * dim, keys + j * dim, dim) * scale + (mask == NULL ? 0.f : mask[j]);
+                if (s > best[h]) best[h] = s;
+            }
+            scores[h * stride + j] = s;
         }
-        const float s = dot(q, keys + j * dim, dim) * scale + (mask == NULL ? 0.f : mask[j]);
-        scores[j] = s;
-        if (s > best) best = s;
     }
-    for (int64_t i = 0; i < dim; ++i) out[i] = 0.f;
-    if (best == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
-    float total = 0.f;
-    for (int64_t j = 0; j < slots; ++j) {
-        if (scores[j] == -INFINITY) continue;
-        const float p = expf(scores[j] - best);
-        total += p;
-        const float *v = values + j * dim;
-        for (int64_t i = 0; i < dim; ++i) out[i] += p * v[i];
+    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
+    if (best[0] == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
+    for (int64_t h = 0; h < group; ++h) {
+        float *row = scores + h * stride;
+        for (int64_t j0 = 0; j0 < stride; j0 += LANES) exp16_shifted(row + j0, best[h]);
+        total[h] = 0.f;
+        for (int64_t j = 0; j < slots; ++j) total[h] += row[j];
     }
-    const float inverse = 1.f / total;
-    for (int64_t i = 0; i < dim; ++i) out[i] *= inverse;
+    for (int64_t h = 0; h < group; ++h) {
+        const float *p = scores + h * stride, inverse = 1.f / total[h];
+        float *o = out + h * dim;
+        if (dim % LANES == 0 && dim <= MAX_DIM) {
+            /* the weighted sum in registers (o would be reloaded around every store otherwise) */
+            f32x16 acc[MAX_DIM / LANES];
+            const int64_t vecs = dim / LANES;
+            for (int64_t c = 0; c < vecs; ++c) acc[c] = (f32x16){0};
+            for (int64_t j = 0; j < slots; ++j) {
+                if (excluded(mask, j, limit)) continue;
+                for (int64_t c = 0; c < vecs; ++c) {
+                    f32x16 v;
+                    memcpy(&v, values + j * dim + c * LANES, sizeof(v));
+                    acc[c] += p[j] * v;
+                }
+            }
+            for (int64_t c = 0; c < vecs; ++c) {
+                const f32x16 scaled = acc[c] * inverse;
+                memcpy(o + c * LANES, &scaled, sizeof(scaled));
+            }
+        } else {
+            for (int64_t j = 0; j < slots; ++j) {
+                if (excluded(mask, j, limit)) continue;
+                for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * values[j * dim + i];
+            }
+            for (int64_t i = 0; i < dim; ++i) o[i] *= inverse;
+        }
+    }
 }
 
 /* One decoder layer over x [batch * num_query, hidden] in place (see the header). Returns 0, or -1 when
@@ -143,8 +218,9 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     const int64_t heads = w->heads, kv_heads = w->kv_heads, group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * dim, inter = w->intermediate, slots = past + num_query;
     if (threads < 1) threads = 1;
+    const int64_t stride = (slots + LANES - 1) / LANES * LANES;
     const size_t floats = (size_t)(rows * hidden + rows * qkv_width + rows * heads * dim + rows * hidden +
-                                   rows * 2 * inter + rows * inter + threads * slots);
+                                   rows * 2 * inter + rows * inter + threads * group * stride);
     float *scratch = malloc(floats * sizeof(float));
     if (scratch == NULL) return -1;
     float *normed = scratch, *qkv = normed + rows * hidden, *attended = qkv + rows * qkv_width;
@@ -167,19 +243,19 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
             memcpy(values + at, row + (heads + kv_heads + g) * dim, (size_t)dim * sizeof(float));
         }
     }
-    /* one (query row, head) pair per iteration, each with its own thread's score buffer */
-#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && rows * heads > 1)
-    for (int64_t pair = 0; pair < rows * heads; ++pair) {
-        const int64_t m = pair / heads, h = pair % heads, b = m / num_query, q = m % num_query;
+    /* one (query row, key/value head) pair per iteration, each with its own thread's score buffer */
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && rows * kv_heads > 1)
+    for (int64_t pair = 0; pair < rows * kv_heads; ++pair) {
+        const int64_t m = pair / kv_heads, g = pair % kv_heads, b = m / num_query, q = m % num_query;
         const float *mask_row = mask == NULL ? NULL : mask + (b * num_query + q) * slots;
-        const int64_t at = (b * kv_heads + h / group) * capacity * dim;
+        const int64_t at = (b * kv_heads + g) * capacity * dim;
 #ifdef _OPENMP
-        float *own_scores = scores + (int64_t)omp_get_thread_num() * slots;
+        float *own_scores = scores + (int64_t)omp_get_thread_num() * group * stride;
 #else
         float *own_scores = scores;
 #endif
-        attend(qkv + m * qkv_width + h * dim, keys + at, values + at, slots, mask_row, past + q + 1, dim,
-               scale, own_scores, attended + (m * heads + h) * dim);
+        attend_group(qkv + m * qkv_width + g * group * dim, group, keys + at, values + at, slots, mask_row,
+                     past + q + 1, dim, scale, own_scores, stride, attended + (m * heads + g * group) * dim);
     }
     if (linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads) != 0) {
         free(scratch);
