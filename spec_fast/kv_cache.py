@@ -118,11 +118,14 @@ class TreeKVCache:
             # every row keeps block entries [0, counts[0]) right behind an unpadded context: the kept
             # entries are already in place, so the cache is only truncated (a view, no copy)
             new_size = self.context_size + int(counts[0].item()) if batch > 0 else self.context_size
-            layers_view: list[Any] = list(self.cache.layers)
-            for layer in layers_view:
-                if layer.keys is not None and layer.keys.numel() > 0:
-                    layer.keys = layer.keys[:, :, :new_size]
-                    layer.values = layer.values[:, :, :new_size]
+            if hasattr(self.cache, "truncate"):  # preallocated buffers: only the lengths move
+                self.cache.truncate(new_size)
+            else:
+                layers_view: list[Any] = list(self.cache.layers)
+                for layer in layers_view:
+                    if layer.keys is not None and layer.keys.numel() > 0:
+                        layer.keys = layer.keys[:, :, :new_size]
+                        layer.values = layer.values[:, :, :new_size]
             self.lengths = new_lengths
             self.context_size = new_size
             self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)

@@ -129,3 +129,10 @@ class LeanKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].key_length
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` entries of every layer (at most what each holds): a commit of a block
+        prefix, which moves only the lengths."""
+        for layer in self.layers:
+            layer.key_length = min(layer.key_length, length)
+            layer.value_length = min(layer.value_length, length)

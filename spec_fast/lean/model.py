@@ -182,17 +182,16 @@ class DecoderLayer(nn.Module):
         where it cannot run: the kernel is not available, or a product is not a packed native one."""
         # the struct holds raw pointers: rebuilt whenever a tensor it points into was replaced. Checked on every
         # call, through the modules' own dictionaries (nn.Module attribute lookups would cost ~1 ms a pass)
-        modules = self._modules
-        attn_modules, mlp_modules = modules["self_attn"]._modules, modules["mlp"]._modules  # type: ignore[union-attr]
-        tensors = tuple(module._buffers.get(name) for module, name in (  # type: ignore[union-attr]
-            (attn_modules["qkv_proj"], "packed"), (attn_modules["o_proj"], "packed"),
-            (mlp_modules["gate_up_proj"], "packed"), (mlp_modules["down_proj"], "packed"),
-            (attn_modules["qkv_proj"], "bias"), (attn_modules["o_proj"], "bias")))
-        tensors += (modules["input_layernorm"]._parameters["weight"],  # type: ignore[union-attr]
-                    modules["post_attention_layernorm"]._parameters["weight"])  # type: ignore[union-attr]
+        modules: Any = self._modules
+        attn_modules, mlp_modules = modules["self_attn"]._modules, modules["mlp"]._modules
+        qkv, o = attn_modules["qkv_proj"]._buffers, attn_modules["o_proj"]._buffers
+        tensors = (qkv.get("packed"), o.get("packed"), mlp_modules["gate_up_proj"]._buffers.get("packed"),
+                   mlp_modules["down_proj"]._buffers.get("packed"), qkv.get("bias"), o.get("bias"),
+                   modules["input_layernorm"]._parameters["weight"],
+                   modules["post_attention_layernorm"]._parameters["weight"])
         cached = self.__dict__.get("_native")
-        if cached is not None and all(a is b for a, b in zip(cached[0], tensors)):
-            weights: native.LayerWeights | None = cached[1]
+        if cached is not None and cached[0] == tuple(map(id, tensors)):
+            weights: native.LayerWeights | None = cached[2]
             return weights
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -213,7 +212,9 @@ class DecoderLayer(nn.Module):
                 *(native.LAYER_KINDS[lin.kind] for lin in linears), *(pointer(lin.packed) for lin in linears),
                 pointer(attn.qkv_proj.bias), pointer(attn.o_proj.bias), pointer(norms[0]), pointer(norms[1]),
                 float(self.input_layernorm.eps), float(self.post_attention_layernorm.eps))
-        self.__dict__["_native"] = (tensors, weights)
+        # the tensors' ids, compared on every call, and the tensors themselves: held here, so that no other
+        # tensor can take one of those ids while the struct points into them
+        self.__dict__["_native"] = (tuple(map(id, tensors)), tensors, weights)
         return weights
 
     def _native_forward(self, weights: native.LayerWeights, x: torch.Tensor, cos: torch.Tensor,
