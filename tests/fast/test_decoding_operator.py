@@ -97,3 +97,22 @@ def test_a_realistic_vocabulary_matches_the_reference_on_random_logits() -> None
 def test_bad_shapes_raise_value_error_naming_the_argument(shape: tuple[int, ...], param_shape: tuple[int, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         decoding_operator(torch.zeros(shape), torch.ones(param_shape), torch.zeros(param_shape, dtype=torch.long), torch.ones(param_shape))
+
+
+@pytest.mark.parametrize("vocab", [2, 7, 64, 49152])
+def test_without_filters_the_unsorted_path_gives_the_sorted_paths_bits(vocab: int) -> None:
+    # filtered=False skips the sort when no row uses top-k or top-p: the same probabilities bit for bit,
+    # greedy rows, a tiny temperature and -inf logits included
+    gen = torch.Generator().manual_seed(vocab)
+    for trial in range(10):
+        logits = torch.randn(4, vocab, generator=gen) * (1 + 5 * trial)
+        logits[0, : vocab // 2] = -float("inf")
+        temperature = torch.tensor([0.7, 0.0, 1e-30, 1.3], dtype=torch.float64)
+        off_k, off_p = torch.tensor([0, 0, vocab, 0]), torch.ones(4)
+        sorted_path = decoding_operator(logits, temperature, off_k, off_p, validate=False)
+        assert torch.equal(decoding_operator(logits, temperature, off_k, off_p, validate=False, filtered=False),
+                           sorted_path)
+    # negative control: with a filter in force the unsorted path (which ignores filters) differs
+    top_p = torch.full((4,), 0.5)
+    assert not torch.equal(decoding_operator(logits, temperature, off_k, top_p, validate=False, filtered=False),
+                           decoding_operator(logits, temperature, off_k, top_p, validate=False))
