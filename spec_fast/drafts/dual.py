@@ -47,7 +47,8 @@ from spec_fast.drafts.dual_calibration import (  # re-exported: the twin of spec
 )
 from spec_ref import dual_calibration as ref_calibration
 
-__all__ = ["DualDrafter", "DualDraft", "merge_trees", "union_tree", "route", "mean_confidence", "tree_layout",
+__all__ = ["DualDrafter", "DualDraft", "merge_trees", "union_tree", "route", "mean_confidence", "confidence_mean",
+           "tree_layout",
            "DUAL_MODES", "RouteCalibration", "RoutePrior", "load_route_prior", "head_feature", "node_match_lengths",
            "node_bins", "node_classes", "calibrated_confidences", "expected_accepted", "calibrated_route",
            "select_heads",
@@ -253,15 +254,18 @@ def _draws_from_children(tokens: torch.Tensor, parents: torch.Tensor, valid: tor
     return torch.gather(padded.unsqueeze(1).expand(batch, n, n + 1), 2, first_k)
 
 
-def mean_confidence(draft: DraftBatch, confidences: torch.Tensor | None = None,
-                    nodes: torch.Tensor | None = None) -> torch.Tensor:
+def mean_confidence(draft: DraftBatch) -> torch.Tensor:
     """``mu [B]``: mean confidence over each row's retained draft nodes (root excluded; 0 without any),
-    :func:`spec_ref.dual.mean_confidence`. ``confidences [B, N]`` and ``nodes [B, N]`` bool replace the
-    draft's own (the bound of a chain not drafted to the end, :mod:`spec_fast.drafts.dual_drafting`)."""
-    if nodes is None:
-        nodes = draft.tree.valid.clone()
-        nodes[:, 0] = False
-    values = (draft.confidences if confidences is None else confidences).double()
+    :func:`spec_ref.dual.mean_confidence`."""
+    nodes = draft.tree.valid.clone()
+    nodes[:, 0] = False
+    return confidence_mean(draft.confidences, nodes)
+
+
+def confidence_mean(confidences: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64: the mean of ``confidences [B, N]`` over ``nodes [B, N]`` bool (0 without any). One
+    reduction for every caller, so that a bound computed on larger values is larger in floating point too."""
+    values = confidences.double()
     total = torch.where(nodes, values, torch.zeros_like(values))
     count = nodes.sum(dim=1)
     return torch.where(count > 0, total.sum(dim=1) / count.clamp(min=1), torch.zeros_like(total[:, 0]))

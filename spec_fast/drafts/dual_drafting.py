@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from spec_fast.commit import HeadTrack, Verified
-from spec_fast.drafting import DraftBatch, draft_root_only, draft_topk_tree, pending_forward
+from spec_fast.drafting import DraftBatch, draft_topk_tree, pending_forward
 from spec_fast.drafts.dual import (
-    DualDraft, DualDrafter, RouteCalibration, calibrated_confidences, calibrated_route, expected_accepted,
-    mean_confidence,
+    DualDraft, DualDrafter, RouteCalibration, calibrated_confidences, calibrated_route, confidence_mean,
+    expected_accepted,
     merge_trees, node_match_lengths, route, select_heads, union_tree,
 )
 from spec_fast.drafts.dual_calibration import committed_block
@@ -125,17 +125,21 @@ def _filled(values: torch.Tensor, depth: int) -> torch.Tensor:
     return values if missing <= 0 else torch.cat([values, values[:, -1:].expand(-1, missing)], dim=1)
 
 
-def _score(chain: TopChain, draft: DraftBatch, calibration: RouteCalibration | None, head: int,
-           lengths: torch.Tensor | None) -> torch.Tensor:
-    """``[B]`` float64: the route score of head ``head``'s chain (``draft``, its levels so far): the mean
-    confidence, or the expected accepted length under ``calibration``; exact for a finished chain, else the
-    upper bound of the module docstring."""
-    nodes = torch.ones(draft.tree.batch_size, chain.depth + 1, dtype=torch.bool, device=draft.tokens.device)
-    nodes[:, 0] = False
+def _score(chain: TopChain, roots: Sequence[int], calibration: RouteCalibration | None, head: int
+           ) -> tuple[torch.Tensor, DraftBatch | None, torch.Tensor | None]:
+    """``(score [B] float64, draft, match lengths)`` of head ``head``'s chain so far: the mean confidence
+    (no draft built), or the expected accepted length under ``calibration`` (with the draft and the head's
+    :func:`node_match_lengths`, read before the commit clears the drafter's block); exact for a finished
+    chain, else the upper bound of the module docstring."""
     if calibration is None:
-        return mean_confidence(draft, _filled(draft.confidences, chain.depth), nodes)
+        confidences = _filled(chain.confidences(), chain.depth)
+        nodes = torch.ones_like(confidences, dtype=torch.bool)
+        nodes[:, 0] = False
+        return confidence_mean(confidences, nodes), None, None
+    draft = chain.batch(roots)
+    lengths = node_match_lengths(chain.drafter, chain.state, draft)
     conf = _filled(calibrated_confidences(draft, calibration, head, lengths), chain.depth)
-    return conf[:, 1:].sum(dim=1)
+    return conf[:, 1:].sum(dim=1), draft, lengths
 
 
 def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: Sequence[int], depth: int,
@@ -144,29 +148,27 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
     # a model-free head costs no pass: draft it in full first, so that the other can stop early
     first = 1 if isinstance(dual.second, RetrievalDrafter) and not isinstance(dual.first, RetrievalDrafter) else 0
     later = 1 - first
-    chains: list[TopChain] = []
+    chains: dict[int, TopChain] = {}
     lengths: list[torch.Tensor | None] = [None, None]
     scores: list[torch.Tensor] = [torch.zeros(0), torch.zeros(0)]
-    drafts: list[DraftBatch] = [draft_root_only(roots, "deterministic", device)] * 2
+    drafts: list[DraftBatch | None] = [None, None]
     for h in (first, later):
         track = heads[h]
         chain = TopChain.start(track.drafter, track.state, track.pending, depth, device)
         track.pending_width = chain.width
-        chains.append(chain)
+        chains[h] = chain
         while True:
-            drafts[h] = chain.batch(roots)
-            if calibration is not None:  # read before the commit clears the drafter's block
-                lengths[h] = node_match_lengths(track.drafter, track.state, drafts[h])
-            scores[h] = _score(chain, drafts[h], calibration, h + 1, lengths[h])
+            scores[h], drafts[h], lengths[h] = _score(chain, roots, calibration, h + 1)
             if chain.done or (h == later and _cannot_win(scores[first], scores[later], later + 1)):
                 break
             chain.extend()
-    stopped = [None, None] if chains[1].done else ([chains[1], None] if later == 0 else [None, chains[1]])
-    chosen = select_heads(drafts[0], drafts[1], scores[0] >= scores[1])
+    a, b = (d if d is not None else chains[h].batch(roots) for h, d in enumerate(drafts))
+    stopped = [None if chains[h].done else chains[h] for h in range(2)]
+    chosen = select_heads(a, b, scores[0] >= scores[1])
     if calibration is None:  # a stopped head's reported mean is the bound it lost with
         chosen = replace(chosen, mean_confidences=torch.stack(scores, dim=1))
     else:  # reported: each head's expected accepted length over the nodes it drafted
-        expected = [expected_accepted(drafts[h], calibration, h + 1, lengths[h]) for h in range(2)]
+        expected = [expected_accepted(d, calibration, h + 1, lengths[h]) for h, d in enumerate((a, b))]
         chosen = replace(chosen, expected_accepted=torch.stack(expected, dim=1),
                          head_match_lengths=(lengths[0], lengths[1]))
     return replace(chosen, stopped=(stopped[0], stopped[1]))
