@@ -157,9 +157,11 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
         chain = TopChain.start(track.drafter, track.state, track.pending, depth, device)
         track.pending_width = chain.width
         chains[h] = chain
+        if h == first:
+            chain.finish()
         while True:
             scores[h], drafts[h], lengths[h] = _score(chain, roots, calibration, h + 1)
-            if chain.done or (h == later and _cannot_win(scores[first], scores[later], later + 1)):
+            if chain.done or _cannot_win(scores[first], scores[later], later + 1):
                 break
             chain.extend()
     a, b = (d if d is not None else chains[h].batch(roots) for h, d in enumerate(drafts))
@@ -168,7 +170,8 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
     if calibration is None:  # a stopped head's reported mean is the bound it lost with
         chosen = replace(chosen, mean_confidences=torch.stack(scores, dim=1))
     else:  # reported: each head's expected accepted length over the nodes it drafted
-        expected = [expected_accepted(d, calibration, h + 1, lengths[h]) for h, d in enumerate((a, b))]
+        expected = [scores[h] if stopped[h] is None else expected_accepted(d, calibration, h + 1, lengths[h])
+                    for h, d in enumerate((a, b))]
         chosen = replace(chosen, expected_accepted=torch.stack(expected, dim=1),
                          head_match_lengths=(lengths[0], lengths[1]))
     return replace(chosen, stopped=(stopped[0], stopped[1]))
