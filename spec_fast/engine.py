@@ -43,10 +43,8 @@ from spec_fast.drafts.model import Drafter
 from spec_fast.drafting import (
     DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
-from spec_fast.drafts.dual import (
-    DualDraft, DualDrafter, RouteCalibration, calibrated_route, merge_trees, node_match_lengths, observe_committed,
-    route, union_tree,
-)
+from spec_fast.drafts.dual import DualDraft, DualDrafter, RouteCalibration, observe_committed
+from spec_fast.drafts.dual_drafting import draft_dual, finish_for_calibration
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
@@ -279,6 +277,8 @@ class SpeculativeDecoder:
         root_in_cache = st.root_logits is not None
         target_logits, hidden = self._target_phase(st, draft)
         verified = self._verify_phase(st, draft, dual, target_logits)
+        if dual is not None and st.route_calibration is not None:  # the losing head's counts need its full chain
+            dual = finish_for_calibration(dual, verified, st.route_calibration, st.active, st.roots)
         if self.selector is not None and hidden is not None:
             # the target at the new root's preceding token: the accepted path's last slot
             last = verified.accepted_slots.gather(1, verified.accepted_depth.unsqueeze(1))  # [B, 1]
@@ -298,20 +298,8 @@ class SpeculativeDecoder:
                 head.pending_width = 0
             return draft_root_only(st.roots, strategy.process, self.device), None
         if self.dual is not None:
-            k, budget = (1, depth_cap) if strategy.shape == "chain" else (strategy.top_k, strategy.budget)
-            drafts, lengths = [], []
-            for head in st.heads:
-                drafts.append(draft_topk_tree(head.drafter, head.state, head.pending, st.roots, depth_cap, k, budget,
-                                              self.device))
-                head.pending_width = drafts[-1].pending_width
-                if st.route_calibration is not None:  # read before the commit clears the drafter's block
-                    lengths.append(node_match_lengths(head.drafter, head.state, drafts[-1]))
-            if self.dual.mode == "route":
-                dual = route(drafts[0], drafts[1])
-            elif st.route_calibration is not None:
-                dual = calibrated_route(drafts[0], drafts[1], st.route_calibration, (lengths[0], lengths[1]))
-            else:
-                dual = (merge_trees if st.sampling.greedy else union_tree)(drafts[0], drafts[1])
+            dual = draft_dual(self.dual, st.heads, st.roots, depth_cap, strategy.shape == "chain", strategy.top_k,
+                              strategy.budget, st.sampling.greedy, st.route_calibration, self.device)
             return dual.batch, dual
         head = st.heads[0]
         if strategy.shape == "nde":

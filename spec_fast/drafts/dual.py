@@ -47,9 +47,11 @@ from spec_fast.drafts.dual_calibration import (  # re-exported: the twin of spec
 )
 from spec_ref import dual_calibration as ref_calibration
 
-__all__ = ["DualDrafter", "DualDraft", "merge_trees", "union_tree", "route", "mean_confidence", "tree_layout",
+__all__ = ["DualDrafter", "DualDraft", "merge_trees", "union_tree", "route", "mean_confidence", "confidence_mean",
+           "tree_layout",
            "DUAL_MODES", "RouteCalibration", "RoutePrior", "load_route_prior", "head_feature", "node_match_lengths",
            "node_bins", "node_classes", "calibrated_confidences", "expected_accepted", "calibrated_route",
+           "select_heads",
            "committed_block", "head_observations", "update_calibration", "observe_committed"]
 
 DUAL_MODES = ("merge", "route", "route-calibrated")
@@ -125,7 +127,9 @@ class DualDraft:
     ``mean_confidences [B, 2]``: ``(mu_1, mu_2)`` (route only);
     ``expected_accepted [B, 2]`` float64: ``(E_1, E_2)`` (route-calibrated only);
     ``head_drafts``: both heads' own drafts (routes; the calibration compares both with the committed text);
-    ``head_match_lengths``: per head its :func:`node_match_lengths` (route-calibrated, retrieval heads).
+    ``head_match_lengths``: per head its :func:`node_match_lengths` (route-calibrated, retrieval heads);
+    ``stopped``: per head, the unfinished chain of a routed head that stopped drafting because it could not win
+    (:mod:`spec_fast.drafts.dual_drafting`; its ``head_drafts`` entry holds the levels it drafted), else None.
     """
 
     batch: DraftBatch
@@ -136,6 +140,7 @@ class DualDraft:
     expected_accepted: torch.Tensor | None = None
     head_drafts: tuple[DraftBatch, DraftBatch] | None = None
     head_match_lengths: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+    stopped: tuple[Any, Any] = (None, None)
 
 
 def _pad_slots(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
@@ -254,7 +259,14 @@ def mean_confidence(draft: DraftBatch) -> torch.Tensor:
     :func:`spec_ref.dual.mean_confidence`."""
     nodes = draft.tree.valid.clone()
     nodes[:, 0] = False
-    total = torch.where(nodes, draft.confidences.double(), torch.zeros_like(draft.confidences, dtype=torch.float64))
+    return confidence_mean(draft.confidences, nodes)
+
+
+def confidence_mean(confidences: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64: the mean of ``confidences [B, N]`` over ``nodes [B, N]`` bool (0 without any). One
+    reduction for every caller, so that a bound computed on larger values is larger in floating point too."""
+    values = confidences.double()
+    total = torch.where(nodes, values, torch.zeros_like(values))
     count = nodes.sum(dim=1)
     return torch.where(count > 0, total.sum(dim=1) / count.clamp(min=1), torch.zeros_like(total[:, 0]))
 
@@ -263,11 +275,11 @@ def route(first: DraftBatch, second: DraftBatch) -> DualDraft:
     """Step-level routing of seed 000 (:func:`spec_ref.dual.route`): per row, head 1's tree if
     ``mu_1 >= mu_2``, else head 2's. Device-side: both trees are padded to one width and selected per row."""
     mu = torch.stack([mean_confidence(first), mean_confidence(second)], dim=1)  # [B, 2]
-    return replace(_select(first, second, mu[:, 0] >= mu[:, 1]), mean_confidences=mu)
+    return replace(select_heads(first, second, mu[:, 0] >= mu[:, 1]), mean_confidences=mu)
 
 
-def _select(first: DraftBatch, second: DraftBatch, pick_first: torch.Tensor) -> DualDraft:
-    """Per row head 1's tree where ``pick_first [B]``, else head 2's, padded to one width."""
+def select_heads(first: DraftBatch, second: DraftBatch, pick_first: torch.Tensor) -> DualDraft:
+    """Per row head 1's tree where ``pick_first [B]`` bool, else head 2's, padded to one width."""
     a, b = first.tree, second.tree
     n = max(a.num_slots, b.num_slots)
     k = max(a.max_draws, b.max_draws)
@@ -305,7 +317,7 @@ def calibrated_route(first: DraftBatch, second: DraftBatch, calibration: RouteCa
     head classed by match length. Device-side, no host read."""
     expected = torch.stack([expected_accepted(first, calibration, 1, match_lengths[0]),
                             expected_accepted(second, calibration, 2, match_lengths[1])], dim=1)  # [B, 2]
-    return replace(_select(first, second, expected[:, 0] >= expected[:, 1]), expected_accepted=expected,
+    return replace(select_heads(first, second, expected[:, 0] >= expected[:, 1]), expected_accepted=expected,
                    head_match_lengths=match_lengths)
 
 

@@ -226,8 +226,7 @@ class RetrievalDrafter(Drafter):
         """``tokens [B, Q]``, ``parents [B, Q]`` -> logits ``[B, Q, V]`` (``log`` of the match weights,
         ``-inf`` elsewhere)."""
         batch, num_query = tokens.shape
-        tok_list = tokens.tolist()
-        par_list = parents.tolist()
+        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
         logits = torch.full((batch, num_query, self.vocab_size), -math.inf)
         for b in range(batch):
             btoks, bpars, blens = state.block_tokens[b], state.block_parents[b], state.match_lengths[b]
@@ -246,10 +245,12 @@ class RetrievalDrafter(Drafter):
         return logits.to(tokens.device)
 
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
-        keep_list = keep.tolist()
-        count_list = counts.tolist()
+        # one host read for both: the counts ride as the last column
+        counts_column = counts.to(device=keep.device, dtype=torch.long).unsqueeze(1)
+        rows = torch.cat([keep.to(torch.long), counts_column], dim=1).tolist()
         for b in range(len(state.committed)):
-            state.committed[b].extend(state.block_tokens[b][i] for i in keep_list[b][: count_list[b]])
+            row = rows[b]
+            state.committed[b].extend(state.block_tokens[b][i] for i in row[: row[-1]])
             state.block_tokens[b] = []
             state.block_parents[b] = []
             state.match_lengths[b] = []
