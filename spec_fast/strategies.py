@@ -116,17 +116,18 @@ _DEFAULT_VERIFIER = {
 }
 
 #: The CLI default with a trained or retrieval draft: the best worst case over the chat, input-grounded and
-#: long workloads of bench/results/defaults.md (tests/engine/test_api.py keeps the two equal). On the lean
-#: forward a pass over 2-4 tokens costs about one over a single token, so a longer chain than drafts accept
-#: on average costs little: ``chain:3`` ran at 1.41x / 1.75x / 1.22x plain decoding there, and every chain
-#: length beat plain decoding on every workload, ``+adaptive`` included (it paid on transformers' forward,
-#: where wide passes cost up to 2x a plain one, and now only gives up speculative steps that would pay).
-DEFAULT_STRATEGY = "chain:3"
+#: long workloads of bench/results/defaults.md (tests/engine/test_api.py keeps the two equal), measured on
+#: the default target (the GGUF blocks): ``chain:2`` ran at 1.19x / 1.26x / 1.08x plain decoding there. On
+#: that target a plain step is about three times cheaper than on float32 and a 4-token pass about 1.4x a
+#: one-token pass, so the step's own work (drafting, verification, cache commits) weighs more and ``chain:3``,
+#: the float32 default, fell to 1.05x on chat; ``+adaptive`` gives up speculative steps that would pay.
+DEFAULT_STRATEGY = "chain:2"
 #: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
-#: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py):
-#: 1.12x / 1.20x plain decoding there. Sampled, a retrieval draft's proposal is accepted with the target's
-#: probability of it, so a second or third drafted token is rarely kept, while chain:3 lost to plain decoding
-#: on chat prompts (0.96x).
+#: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py),
+#: on the default target: 1.00x / 1.03x plain decoding there, i.e. no gain on chat. Sampled, a retrieval
+#: draft's proposal is accepted with the target's probability of it, so a second or third drafted token is
+#: rarely kept (block efficiency 1.29-1.34 on chat for chains of 1-3), while every extra token widens the
+#: pass: chain:3 ran at 0.74x on chat. ``+adaptive`` falls back to plain steps where the draft does not pay.
 DEFAULT_SAMPLED_STRATEGY = "chain:1+adaptive"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
