@@ -4,7 +4,8 @@ Variants (``--variants``): ``hf`` (HF's model, float32), ``lean`` (:mod:`spec_fa
 native matrix products of :mod:`spec_fast.lean.native`), ``lean-torch`` (the same weights on torch's
 products, widening weights stored column-major: the fallback), ``lean-rowmajor`` (torch's products with
 every weight row-major, as HF stores it), ``lean-gguf`` (the GGUF file's own Q4_1 / Q8_0 blocks on the native
-kernels),
+kernels; the CLI's default target), ``lean-gguf-pylayer`` (the same with each decoder layer as torch operations
+around the native products instead of one native call),
 ``lean-bf16`` (bfloat16 weights), ``lean-int8`` and ``lean-int4`` (weight-only quantisation; the int4 model
 keeps an int8 LM head). Every variant runs through our ``TreeKVCache`` exactly as a verification pass does
 (a chain block of ``Q`` new tokens with its tree mask behind a 120-token context); variants and widths are
@@ -52,6 +53,7 @@ from spec_fast.strategies import DEFAULT_STRATEGY, parse_strategy  # noqa: E402
 WIDTHS = (1, 2, 3, 4, 5, 8, 16)
 CONTEXT = 120
 VARIANTS = {"hf": None, "lean": "float32", "lean-torch": "float32", "lean-rowmajor": "float32", "lean-gguf": "gguf",
+            "lean-gguf-pylayer": "gguf",
             "lean-bf16": "bfloat16", "lean-int8": "int8", "lean-int4": "int4"}
 PROMPTS = [
     "Write a short poem about the sea.",
@@ -120,8 +122,9 @@ def plain_decoding(models: dict[str, Any], prompts: list[list[int]], new_tokens:
 
 
 def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
-    """ms per single-token pass in decoder matrix products, the LM head, and the rest (hooks on LeanLinear)."""
-    spent = {"decoder_linear": 0.0, "lm_head": 0.0}
+    """ms per single-token pass in the decoder layers (whole), their linear products (hooks on LeanLinear;
+    zero for layers that run in one native call, products included), the LM head, and the rest."""
+    spent = {"decoder_layers": 0.0, "decoder_linear": 0.0, "lm_head": 0.0}
     started: dict[int, float] = {}
     head = model.get_output_embeddings()
 
@@ -129,11 +132,12 @@ def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
         started[id(module)] = time.perf_counter()
 
     def after(module: Any, _inputs: Any, _output: Any) -> None:
-        spent["lm_head" if module is head else "decoder_linear"] += time.perf_counter() - started[id(module)]
+        part = "lm_head" if module is head else "decoder_linear" if isinstance(module, LeanLinear) else "decoder_layers"
+        spent[part] += time.perf_counter() - started[id(module)]
 
     handles = []
-    for module in model.modules():
-        if isinstance(module, LeanLinear):
+    for module in [*model.modules(), *model.model.layers]:
+        if isinstance(module, LeanLinear) or module in model.model.layers:
             handles.append(module.register_forward_pre_hook(before))
             handles.append(module.register_forward_hook(after))
     state = TreeKVCache(model, 1, torch.device("cpu"))
@@ -142,7 +146,7 @@ def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
     with torch.no_grad():
         state.forward(context, torch.arange(-1, CONTEXT - 1).unsqueeze(0), logits_to_keep=1)
         state.commit(torch.arange(CONTEXT).unsqueeze(0), torch.tensor([CONTEXT]))
-        spent.update(decoder_linear=0.0, lm_head=0.0)
+        spent.update(decoder_layers=0.0, decoder_linear=0.0, lm_head=0.0)
         for i in range(rounds):
             start = time.perf_counter()
             state.forward(torch.tensor([[1000 + i]]), torch.tensor([[-1]]))
@@ -151,7 +155,7 @@ def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
     for handle in handles:
         handle.remove()
     per = {k: 1000 * v / rounds for k, v in spent.items()}
-    per["other"] = 1000 * total / rounds - per["decoder_linear"] - per["lm_head"]
+    per["other"] = 1000 * total / rounds - per["decoder_layers"] - per["lm_head"]
     per["total"] = 1000 * total / rounds
     return per
 
@@ -217,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             models[name] = hf_model
         elif weights == "gguf":
             models[name] = lean_from_gguf(os.path.join(default_model_dir(), DEFAULT_GGUF), "gguf")
+            if name == "lean-gguf-pylayer":
+                models[name].use_native_layers(False)
         elif name in ("lean-torch", "lean-rowmajor"):
             with native.disabled():
                 models[name] = LeanLlama.from_hf(hf_model, weights)
@@ -260,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                   "interleaved (per width and round, per prompt) so that ratios are comparable",
         "note": "median ms per pass behind a 120-token context; 'x vs first' = ratio to the first variant; "
                 "lean-bf16 is measured only (its oneDNN product is not batch-invariant, so speculative output can "
-                "differ from its plain decoding); attention runs in float64 for lean, lean-gguf, int8 and int4 "
-                "(spec_fast/lean/model.py), in float32 for hf, lean-torch and lean-rowmajor",
+                "differ from its plain decoding); lean and lean-gguf run each decoder layer in one native call "
+                "(float32 attention in a fixed order); attention runs in float64 for lean-gguf-pylayer, int8 and "
+                "int4 (spec_fast/lean/model.py), in float32 for hf, lean-torch and lean-rowmajor",
     }
     head = "| variant | " + " | ".join(f"{q} tok (ms)" for q in WIDTHS) + " | 8 vs 1 | plain tok/s | x vs first |"
     table = [head, "|---|" + "---:|" * (len(WIDTHS) + 3)]
@@ -269,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         cells = " | ".join(f"{r[f'ms_w{q}']:.1f}" for q in WIDTHS)
         table.append(f"| {r['variant']} | {cells} | {r['vs_w1_w8']:.2f}x | {r['plain_tokens_per_s']:.1f} | "
                      f"{r['plain_tokens_per_s'] / base['plain_tokens_per_s']:.2f}x |")
-    table += ["", "Single-token pass, ms (timing hooks on the linear layers):", "",
-              "| variant | decoder matmuls | LM head | rest (attention, norms, cache, Python) | total |",
-              "|---|---:|---:|---:|---:|"]
+    table += ["", "Single-token pass, ms (timing hooks on the decoder layers and the linear layers; a layer that runs "
+              "in one native call (spec_fast/lean/layer.c) shows no separate products):", "",
+              "| variant | decoder layers | of which linear products | LM head | rest (embedding, norm, cache, Python) "
+              "| total |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         b = r["pass_breakdown_ms"]
         if b is not None:
-            table.append(f"| {r['variant']} | {b['decoder_linear']:.1f} | {b['lm_head']:.1f} | {b['other']:.1f} | "
-                         f"{b['total']:.1f} |")
+            inside = f"{b['decoder_linear']:.1f}" if b["decoder_linear"] > 0 else "(in the native call)"
+            table.append(f"| {r['variant']} | {b['decoder_layers']:.1f} | {inside} | {b['lm_head']:.1f} | "
+                         f"{b['other']:.1f} | {b['total']:.1f} |")
     table += ["", f"Speculative decoding with the default draft (retrieval, {DEFAULT_STRATEGY}), greedy, ms per "
               "generated token (cProfile, cumulative):", "",
               "| variant | target passes | draft | verify | cache commits | rest | total | tok/s |",
