@@ -9,10 +9,11 @@
  *   a = attention(q, cached k, v; mask) ; x += a Wo^T (+ bias)
  *   h = rms_norm(x) ; [g, u] = h Wgu^T ; x += (silu(g) * u) Wdown^T
  *
- * The products are those of kernels.c (packed float32, Q4_1 or Q8_0). Attention is computed one query row
- * and head at a time, each score and each weighted sum in a fixed order over the cache slots, skipping the
- * slots the mask excludes (their softmax weight would be exactly zero): a query's output depends only on
- * its own vector and the keys and values it attends, never on which other rows share the call. Together
+ * The products are those of kernels.c (packed float32) and blocks.c (Q4_1, Q8_0). Attention is computed one
+ * query row and key/value head at a time (the query heads of a group share each key read), each score, sum
+ * and weighted sum in a fixed order over the cache slots, skipping the slots the mask excludes (their
+ * softmax weight would be exactly zero): a query's output depends only on its own vector and the keys and
+ * values it attends, never on which other rows share the call. Together
  * with the batch-invariant products this makes a verification pass give every token bit for bit the
  * logits a plain decoding step gives it. Keys, values and the arithmetic are float32 (HF's precision).
  * The products and the attention pairs are shared among `threads` OpenMP threads, each output computed
