@@ -136,8 +136,9 @@ def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
         spent[part] += time.perf_counter() - started[id(module)]
 
     handles = []
-    for module in [*model.modules(), *model.model.layers]:
-        if isinstance(module, LeanLinear) or module in model.model.layers:
+    layers = set(map(id, model.model.layers))
+    for module in model.modules():
+        if isinstance(module, LeanLinear) or id(module) in layers:
             handles.append(module.register_forward_pre_hook(before))
             handles.append(module.register_forward_hook(after))
     state = TreeKVCache(model, 1, torch.device("cpu"))
