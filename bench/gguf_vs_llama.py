@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     path = os.path.join(default_model_dir(), DEFAULT_GGUF)
     _, tokenizer = load_model(quantize="gguf")
-    ours = {"ours-gguf (default)": lean_from_gguf(path, "gguf"), "ours-float32": LeanLlama.from_hf(read_gguf_llama(path))}
+    ours = {"ours-gguf (default)": lean_from_gguf(path, "gguf"),
+            "ours-float32": LeanLlama.from_hf(read_gguf_llama(path))}
     llama = Llama(path, n_ctx=1024, n_threads=1, logits_all=True, verbose=False, seed=0)
     plain = SpeculativeDecoder(ours["ours-float32"], None, parse_strategy("ar"))
     logprobs: dict[str, list[torch.Tensor]] = {name: [] for name in ("llama.cpp", *ours)}
@@ -71,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, model in ours.items():
                 logprobs[name].append(model(torch.tensor([ids])).logits[0].log_softmax(-1))
     stacked = {name: torch.cat(parts) for name, parts in logprobs.items()}
-    pairs = [("llama.cpp", "ours-gguf (default)"), ("llama.cpp", "ours-float32"), ("ours-float32", "ours-gguf (default)")]
-    rows: list[dict[str, Any]] = [{"reference": a, "compared": b, **divergence(stacked[a], stacked[b])} for a, b in pairs]
+    pairs = [("llama.cpp", "ours-gguf (default)"), ("llama.cpp", "ours-float32"),
+             ("ours-float32", "ours-gguf (default)")]
+    rows: list[dict[str, Any]] = [{"reference": a, "compared": b, **divergence(stacked[a], stacked[b])}
+                                  for a, b in pairs]
     import llama_cpp
 
     meta = {

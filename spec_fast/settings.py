@@ -201,7 +201,8 @@ def resolve_settings(
     (greedy) or ``DEFAULT_SAMPLED_STRATEGY`` (temperature > 0) with a named draft and
     ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
     own thread count. ``quantize`` ``auto``: ``gguf`` for the default model with ``dtype`` float32 on the
-    CPU without ``lean``, else ``none`` (:data:`QUANTIZE_CHOICES`). Two drafts ``"A,B"`` need ``dual`` (``merge``, ``route`` or ``route-calibrated``,
+    CPU without ``lean``, else ``none`` (:data:`QUANTIZE_CHOICES`). Two drafts ``"A,B"`` need ``dual``
+    (``merge``, ``route`` or ``route-calibrated``,
     :class:`spec_fast.drafts.dual.DualDrafter`).
     """
     t = temperature

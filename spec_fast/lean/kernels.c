@@ -9,8 +9,8 @@
  *
  * (GGUF block-quantised weights have their own products: blocks.c.)
  *
- * Every output is accumulated in a fixed order (k = 0, 1, ..., K-1) in its own accumulator, whatever M is and wherever the row sits in the batch: a row's result does not
- * depend on the other rows. That is what makes a verification pass give a token exactly the logits a plain
+ * Every output is accumulated in a fixed order (k = 0, 1, ..., K-1) in its own accumulator, whatever M is
+ * and wherever the row sits in the batch: a row's result does not depend on the other rows. That is what makes a verification pass give a token exactly the logits a plain
  * decoding step gives it.
  *
  * With OpenMP (native.py builds with -fopenmp where the compiler has it) the column blocks of a product are
@@ -76,8 +76,8 @@ ROWS(f32, 4, float)
     }
 
 /* y [M, ldy] (first n_size columns written) = x [M, K] (row stride ldx) times the packed float32 weight
- * [ceil(n_size / 64), K, 64], on up to `threads` threads. Each block (at most K x 256 bytes) stays in cache while every group of four
- * rows reads it. */
+ * [ceil(n_size / 64), K, 64], on up to `threads` threads. Each block (at most K x 256 bytes) stays in cache
+ * while every group of four rows reads it. */
 void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_size, const float *packed,
                       int64_t n_size, float *y, int64_t ldy, int64_t threads) {
     const int64_t blocks = (n_size + BLOCK - 1) / BLOCK;

@@ -4,10 +4,11 @@ built once with the machine's C compiler.
 ``kernels.c`` multiplies activations by a float32 weight packed in column blocks of 64 outputs (its header
 says how and why): every weight is read once per group of up to four rows, so a pass over 2-4 tokens costs
 about what a pass over one costs, and each output row is computed the same way whatever the other rows
-are (batch-invariant). ``layer.c`` runs a whole decoder layer around those products in one call (norms,
-rotary embedding, cache writes, attention, SiLU: about twenty torch operations in Python, whose dispatch cost
-more than their arithmetic at SmolLM2's size). Both are compiled on first use with ``$CC`` (default ``cc``) and ``-O3 -march=native -ffp-contract=fast``
-into the cache directory of :mod:`spec_fast.cache` (``kernels/<key>/``; the key covers the source, the
+are (batch-invariant); ``blocks.c`` does the same for GGUF's Q4_1 / Q8_0 blocks on integer dot products.
+``layer.c`` runs a whole decoder layer around those products in one call (norms, rotary embedding, cache
+writes, attention, SiLU: about twenty torch operations in Python, whose dispatch cost more than their
+arithmetic at SmolLM2's size). All are compiled on first use with ``$CC`` (default ``cc``) and
+``-O3 -march=native -ffp-contract=fast`` into the cache directory of :mod:`spec_fast.cache` (``kernels/<key>/``; the key covers the source, the
 compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
 extension build, about a second of compilation.
 
@@ -45,7 +46,8 @@ BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
 _VERSION = 7
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
-_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("kernels.c", "blocks.c", "layer.c"))
+_SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                 for name in ("kernels.c", "blocks.c", "layer.c"))
 _LOCK = threading.Lock()
 _STATE: dict[str, ctypes.CDLL | None] = {}
 
