@@ -352,14 +352,9 @@ class LeanLlama(nn.Module):
             lean.lm_head = LeanLinear.from_weight(lean.model.embed_tokens.weight, None, "float32")
         else:
             lean.lm_head = LeanLinear.from_weight(head.detach().float(), None, head_kind)
-        native_products = any(isinstance(m, LeanLinear) and m.packed is not None for m in lean.modules())
-        if weights != "float32" or native_products:
-            for layer in lean.model.layers:
-                # a layer that runs in one C call attends in a fixed order, batch-invariant in float32
-                if layer.native_weights() is None:
-                    layer.self_attn.attention_dtype = torch.float64
         lean.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
         lean.weights = weights
+        lean.use_native_layers(True)  # each layer's path, and so the dtype its attention needs
         for name, tensor in list(lean.named_parameters()) + list(lean.named_buffers()):
             if tensor.is_meta:
                 raise ValueError(f"the lean model did not get {name} from the HF model")
@@ -374,6 +369,8 @@ class LeanLlama(nn.Module):
         for layer in layers:
             layer.native_layer = bool(enabled)
             native_products = any(m.packed is not None for m in layer.modules() if isinstance(m, LeanLinear))
+            # a layer that runs in one C call attends in a fixed order, batch-invariant in float32; the
+            # Python layer needs float64 attention around batch-invariant (native or quantised) products
             fused = enabled and layer.native_weights() is not None
             if self.weights != "float32" or native_products:
                 layer.self_attn.attention_dtype = torch.float32 if fused else torch.float64
