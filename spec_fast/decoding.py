@@ -101,13 +101,19 @@ def decoding_operator(
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)  # [B, 1]
     greedy_token = torch.argmax(raw, dim=1, keepdim=True)  # [B, 1], first maximum
 
-    if not filtered:  # the same z as below, computed in token order
+    if filtered:
+        probs = torch.softmax(_filtered_z(raw, safe_t, top_k, top_p), dim=1)
+    else:  # the same z as the filtered path's without filters, computed in token order
         row_max = raw.max(dim=1, keepdim=True).values if vocab > 0 else raw[:, :1]
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         probs = torch.softmax((raw - row_max) / safe_t, dim=1)
-        one_hot = torch.zeros_like(probs).scatter_(1, greedy_token, 1.0)
-        return torch.where(greedy.unsqueeze(1), one_hot, probs)
+    one_hot = torch.zeros_like(probs).scatter_(1, greedy_token, 1.0)
+    return torch.where(greedy.unsqueeze(1), one_hot, probs)
 
+
+def _filtered_z(raw: torch.Tensor, safe_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``z [B, V]``: the tempered, shifted logits with top-k and top-p applied (``-inf`` where cut)."""
+    vocab = raw.shape[1]
     # One stable descending sort: order = (logit desc, id asc) = (probability desc, id asc).
     sorted_logits, order = torch.sort(raw, dim=1, descending=True, stable=True)  # [B, V]
 
@@ -133,10 +139,7 @@ def decoding_operator(
     keep_p = (mass_before < top_p.unsqueeze(1)) | ~use_top_p.unsqueeze(1)
     z_sorted = torch.where(keep_p, z_sorted, torch.full_like(z_sorted, -float("inf")))
 
-    z = torch.empty_like(z_sorted).scatter_(1, order, z_sorted)  # back to token order
-    probs = torch.softmax(z, dim=1)
-    one_hot = torch.zeros_like(probs).scatter_(1, greedy_token, 1.0)
-    return torch.where(greedy.unsqueeze(1), one_hot, probs)
+    return torch.empty_like(z_sorted).scatter_(1, order, z_sorted)  # back to token order
 
 
 def _check_values(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
