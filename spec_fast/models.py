@@ -116,7 +116,7 @@ def _load_gguf_blocks(name_or_path: str | None, device: str, gguf_file: str | No
 
 def _gguf_tokenizer(path: str, use_cache: bool, notify: Callable[[str], None] | None) -> Any:
     """The tokenizer of the GGUF file ``path``, through the model cache's tokenizer-only entry."""
-    from spec_fast.cache import gguf_cache_dir, save_entry
+    from spec_fast.cache import gguf_cache_dir
     from spec_fast.lean.load import EntryTokenizer
 
     entry = gguf_cache_dir(path, "tokenizer") if use_cache else None
@@ -127,12 +127,20 @@ def _gguf_tokenizer(path: str, use_cache: bool, notify: Callable[[str], None] | 
         notify(f"reading {name}'s tokenizer once into {entry} (later runs load it from there)")
     _, tokenizer = _from_pretrained(folder, name, "float32", "cpu", local=True, model=False)
     if entry is not None:
-        try:
-            save_entry(entry, None, tokenizer)
-        except OSError as err:
-            if notify is not None:
-                notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
+        _save_entry_or_note(entry, None, tokenizer, notify)
     return tokenizer
+
+
+def _save_entry_or_note(entry: str, model: Any, tokenizer: Any, notify: Callable[[str], None] | None) -> None:
+    """:func:`spec_fast.cache.save_entry`, quietly; a cache that cannot be written is a note, not an error."""
+    from spec_fast.cache import save_entry
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # transformers' "Writing model shards" bar
+            save_entry(entry, model, tokenizer)
+    except OSError as err:
+        if notify is not None:
+            notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
 
 
 def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str | None, use_cache: bool,
@@ -144,7 +152,7 @@ def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str |
     source = resolve_model_source(name_or_path, gguf_file)
     folder, gguf = (default_model_dir(), DEFAULT_GGUF) if source.path is None else (source.path, source.gguf_file)
     if gguf and source.local and use_cache:
-        from spec_fast.cache import gguf_cache_dir, save_entry
+        from spec_fast.cache import gguf_cache_dir
 
         gguf_path = os.path.join(folder, gguf)
         entry = gguf_cache_dir(gguf_path, dtype)
@@ -153,12 +161,7 @@ def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str |
         if notify is not None:
             notify(f"de-quantising {gguf} once into {entry} (later runs load it from there)")
         model, tokenizer = _from_pretrained(folder, gguf, dtype, device="cpu", local=True)
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # transformers' "Writing model shards" bar
-                save_entry(entry, model, tokenizer)
-        except OSError as err:
-            if notify is not None:
-                notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
+        _save_entry_or_note(entry, model, tokenizer, notify)
         return model.to(device), tokenizer
     return _from_pretrained(folder, gguf, dtype, device, local=source.local)
 
