@@ -427,7 +427,8 @@ class SpeculativeDecoder:
                     st.metrics.head_accepted_tokens[supplier - 1] += nacc[b]
             keep_t[b] = path
             for h, head in enumerate(st.heads):
-                keep_d[h][b] = advance_head(head, b, path, tokens[b], entry_lists[h][b], nxt[b], drafted)
+                keep_d[h][b] = advance_head(head, b, path, tokens[b], entry_lists[h][b], nxt[b],
+                                            drafted and not (dual is not None and dual.skipped[h]))
             st.roots[b] = nxt[b]
             st.committed[b].extend(emitted)
             for t in emitted:

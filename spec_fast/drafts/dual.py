@@ -129,7 +129,9 @@ class DualDraft:
     ``head_drafts``: both heads' own drafts (routes; the calibration compares both with the committed text);
     ``head_match_lengths``: per head its :func:`node_match_lengths` (route-calibrated, retrieval heads);
     ``stopped``: per head, the unfinished chain of a routed head that stopped drafting because it could not win
-    (:mod:`spec_fast.drafts.dual_drafting`; its ``head_drafts`` entry holds the levels it drafted), else None.
+    (:mod:`spec_fast.drafts.dual_drafting`; its ``head_drafts`` entry holds the levels it drafted), else None;
+    ``skipped``: per head, True when a routed head was not drafted at all because it could not win (it saw no
+    token this step: everything committed becomes its pending tokens, as on a plain step).
     """
 
     batch: DraftBatch
@@ -141,6 +143,7 @@ class DualDraft:
     head_drafts: tuple[DraftBatch, DraftBatch] | None = None
     head_match_lengths: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
     stopped: tuple[Any, Any] = (None, None)
+    skipped: tuple[bool, bool] = (False, False)
 
 
 def _pad_slots(x: torch.Tensor, width: int, value: float) -> torch.Tensor:

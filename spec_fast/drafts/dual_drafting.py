@@ -10,8 +10,13 @@ the confidences never grow (``c_{i+1} = c_i q_{i+1}``, and a calibrated factor i
 ``j`` of ``L`` levels the head's score is at most the score of the chain whose last ``L - j`` nodes repeat
 node ``j``'s value, computed by the same reduction (so the bound holds in floating point too). A model-free
 head (retrieval, no pass) drafts first; the other head then drafts level by level and stops when its bound
-loses to the first head's exact score (ties go to head 1). The choice is the one the full drafts give, so it
-is still fixed by the drafts alone before any target draw (lossless at every temperature). A stopped head is
+loses to the first head's exact score (ties go to head 1). Before its first pass that bound is 1 (no chain
+scores more): when the first head is a model-free head 1 and its chain scores exactly 1 (a retrieval match
+with one follower at every level), the other head is not drafted at all (``DualDraft.skipped``) and, as on a
+plain step, receives everything committed as pending tokens. So ``--draft retrieval,rnn`` costs no model-head
+pass on the steps where retrieval is certain, whereas ``--draft rnn,retrieval`` (the model head wins ties)
+drafts the model head's first level on every step. The choice is the one the full drafts give, so it is
+still fixed by the drafts alone before any target draw (lossless at every temperature). A stopped head is
 never verified; its cache keeps only its pending entries, as a losing head's does, and it stays in sync
 through its pending tokens (seed 000 (docs/papers.md) section 7).
 
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 
 from spec_fast.commit import HeadTrack, Verified
-from spec_fast.drafting import DraftBatch, draft_topk_tree, pending_forward
+from spec_fast.drafting import DraftBatch, draft_root_only, draft_topk_tree, pending_forward
 from spec_fast.drafts.dual import (
     DualDraft, DualDrafter, RouteCalibration, calibrated_confidences, calibrated_route, confidence_mean,
     expected_accepted,
@@ -148,12 +153,19 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
     # a model-free head costs no pass: draft it in full first, so that the other can stop early
     first = 1 if isinstance(dual.second, RetrievalDrafter) and not isinstance(dual.first, RetrievalDrafter) else 0
     later = 1 - first
+    # a model head's probabilities are practically never exactly 1, so only a model-free head 1 is worth the
+    # host read that asks whether the other head can win at all
+    certain_first = first == 0 and isinstance(dual.first, RetrievalDrafter)
     chains: dict[int, TopChain] = {}
     lengths: list[torch.Tensor | None] = [None, None]
     scores: list[torch.Tensor] = [torch.zeros(0), torch.zeros(0)]
     drafts: list[DraftBatch | None] = [None, None]
     for h in (first, later):
         track = heads[h]
+        if h == later and calibration is None and certain_first:
+            bound = _unstarted_bound(scores[first], depth)
+            if _cannot_win(scores[first], bound, later + 1):  # not even a pass: the module docstring
+                return _skip_later(heads, first, chains[first], roots, scores[first], bound, device)
         chain = TopChain.start(track.drafter, track.state, track.pending, depth, device)
         track.pending_width = chain.width
         chains[h] = chain
@@ -175,6 +187,32 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
         chosen = replace(chosen, expected_accepted=torch.stack(expected, dim=1),
                          head_match_lengths=(lengths[0], lengths[1]))
     return replace(chosen, stopped=(stopped[0], stopped[1]))
+
+
+def _unstarted_bound(first_score: torch.Tensor, depth: int) -> torch.Tensor:
+    """``[B]`` float64: the score bound of a chain not drafted yet, every confidence 1 (the root's), by the
+    same reduction as :func:`_score`."""
+    ones = torch.ones(first_score.shape[0], depth + 1, dtype=torch.float32, device=first_score.device)
+    nodes = torch.ones_like(ones, dtype=torch.bool)
+    nodes[:, 0] = False
+    return confidence_mean(ones, nodes)
+
+
+def _skip_later(heads: Sequence[HeadTrack], first: int, chain: TopChain, roots: Sequence[int],
+                first_score: torch.Tensor, bound: torch.Tensor, device: torch.device) -> DualDraft:
+    """The routed draft when only head ``first`` drafted: its chain, on every row. The other head gets an
+    empty stand-in draft (the root alone, no block entry) and ``pending_width`` 0, and is marked not drafted,
+    so the commit queues everything committed as its pending tokens (:func:`spec_fast.commit.advance_head`)."""
+    heads[1 - first].pending_width = 0
+    batch = len(roots)
+    drafted = chain.batch(roots)
+    root_only = draft_root_only(roots, "deterministic", device)
+    pair = (drafted, root_only) if first == 0 else (root_only, drafted)
+    chosen = select_heads(pair[0], pair[1], torch.full((batch,), first == 0, dtype=torch.bool, device=device))
+    # the skipped head's reported mean is the bound it lost with, as for a stopped head
+    means = torch.stack((first_score, bound) if first == 0 else (bound, first_score), dim=1)
+    skipped = (False, True) if first == 0 else (True, False)
+    return replace(chosen, mean_confidences=means, skipped=skipped)
 
 
 def _cannot_win(first_score: torch.Tensor, bound: torch.Tensor, head: int) -> bool:

@@ -59,11 +59,13 @@ class _Recorder(SpeculativeDecoder):
         super().__init__(*args)
         self.choices: list[list[int]] = []
         self.stopped = 0
+        self.skipped = 0
 
     def _commit_phase(self, st: DecodeState, draft: Any, dual: Any, *rest: Any) -> Any:
         if dual is not None and dual.choice is not None:
             self.choices.append(dual.choice.tolist())
             self.stopped += sum(c is not None for c in dual.stopped)  # those finished for the counts not included
+            self.skipped += sum(dual.skipped)
         return super()._commit_phase(st, draft, dual, *rest)
 
 
@@ -122,3 +124,30 @@ def test_stopping_a_head_that_cannot_win_changes_no_choice_count_or_token(
         assert finished > 0  # the counts needed a stopped chain's next node: it was drafted before the commit
     print(f"{mode} {strategy} T={temperature} layers={layers}: {fast.stopped} heads stopped, {finished} finished later, "
           f"{saved} draft passes saved")
+
+
+@pytest.mark.parametrize("strategy", ["chain:2", "chain:3"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_model_head_behind_a_certain_retrieval_head_is_not_drafted_and_changes_nothing(
+        strategy: str, temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retrieval as head 1: on a step where its chain scores exactly 1 (one follower at every level), head 2
+    cannot win the tie, so it drafts nothing and catches up through its pending tokens on a later step.
+    Choices and tokens equal those of routing both full drafts; the skipped passes are saved."""
+    runs = []
+    for stop in (True, False):
+        with monkeypatch.context() as patch:
+            if not stop:
+                patch.setattr(dual_drafting, "_cannot_win", lambda *args: False)
+            decoder = _Recorder(TARGET, DualDrafter(RETRIEVAL, EarlyExitDrafter(TARGET, 1), "route"),
+                                parse_strategy(strategy))
+            results = [decoder.generate([prompt], max_new_tokens=NEW_TOKENS,
+                                        sampling=SamplingParams(temperature=temperature, seed=3)) for prompt in PROMPTS]
+        runs.append((decoder, results))
+    (fast, fast_results), (full, full_results) = runs
+    assert fast.skipped > 0 and full.skipped == 0
+    assert fast.choices == full.choices
+    assert [r.tokens[0] for r in fast_results] == [r.tokens[0] for r in full_results]
+    if temperature == 0.0:
+        assert [r.tokens[0] for r in fast_results] == AR
+    saved = sum(r.metrics.draft_passes for r in full_results) - sum(r.metrics.draft_passes for r in fast_results)
+    assert saved >= fast.skipped  # at least the first pass of every skipped head
