@@ -73,7 +73,10 @@ class SubsetHead(nn.Module):
     """The target's LM head restricted to the vocabulary subset ``vocab_ids [S]`` (frozen, shared).
 
     ``forward(hidden [..., H]) -> logits [..., V]`` with ``-inf`` outside the subset;
-    :meth:`subset_logits` gives the ``[..., S]`` scores (training).
+    :meth:`subset_logits` gives the ``[..., S]`` scores (training). After :meth:`use_native` (the runtime
+    drafts of :func:`load_drafter`) a gradient-free float32 CPU forward multiplies by the native kernel
+    (:func:`spec_fast.lean.native.mm_float32`): torch's matrix-vector product reads this ``[8192, 576]``
+    weight at about a third of the kernel's speed, and a draft pass is mostly this product.
     """
 
     def __init__(self, lm_head: nn.Module, vocab_ids: torch.Tensor) -> None:
@@ -86,6 +89,15 @@ class SubsetHead(nn.Module):
         self.sub_weight: torch.Tensor
         self.register_buffer("vocab_ids", ids, persistent=False)
         self.register_buffer("sub_weight", weight.detach().index_select(0, ids).clone(), persistent=False)
+        #: ``sub_weight`` packed for the native kernel (:meth:`use_native`), else None
+        self.packed: torch.Tensor | None = None
+
+    def use_native(self, enabled: bool) -> None:
+        """Multiply by the native float32 kernel where it can (class docstring); a no-op without it."""
+        from spec_fast.lean import native
+
+        usable = enabled and native.available() and self.sub_weight.device.type == "cpu"
+        self.packed = native.pack_float32(self.sub_weight) if usable else None
 
     def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [..., H]`` -> ``[..., S]`` scores of the subset tokens."""
@@ -93,7 +105,14 @@ class SubsetHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [..., H]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
-        sub = self.subset_logits(hidden)
+        if (self.packed is not None and hidden.device.type == "cpu" and hidden.dtype == torch.float32
+                and not (torch.is_grad_enabled() and hidden.requires_grad)):
+            from spec_fast.lean import native
+
+            flat = native.mm_float32(hidden.reshape(-1, hidden.shape[-1]), self.packed, int(self.vocab_ids.shape[0]))
+            sub = flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+        else:
+            sub = self.subset_logits(hidden)
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.vocab_ids] = sub
         return out
@@ -422,7 +441,11 @@ def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafte
     if name == "heads":
         name = "eagle"
     if name == "distilled":
-        return ModelDrafter(load_distilled(target, directory))
+        model = load_distilled(target, directory)
+        model.lm_head.use_native(True)
+        return ModelDrafter(model)
     if name in ("eagle", "rnn"):
-        return HeadDrafter(load_head(target, name, directory))
+        head = load_head(target, name, directory)
+        head.head.use_native(True)
+        return HeadDrafter(head)
     raise ValueError(f"draft name must be one of {DRAFTER_NAMES}, got name={name!r}")

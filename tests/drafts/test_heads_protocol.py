@@ -13,6 +13,7 @@ import torch
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.drafts.heads import FeatureHead, HeadDrafter, SubsetHead, distilled_model
 from spec_fast.drafts.model import ModelDrafter
+from spec_fast.lean import native
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama
 
@@ -60,6 +61,35 @@ def test_subset_head_scores_the_subset_exactly_like_the_lm_head_and_nothing_else
     outside = torch.ones(64, dtype=torch.bool)
     outside[VOCAB_SUBSET] = False
     assert bool(torch.isneginf(logits[..., outside]).all())
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernel")
+def test_subset_head_on_the_native_kernel_scores_like_torch_and_leaves_training_on_torch(target: Any) -> None:
+    head = SubsetHead(target.get_output_embeddings(), VOCAB_SUBSET)
+    hidden = torch.randn(3, 5, target.config.hidden_size)
+    with torch.no_grad():
+        on_torch = head(hidden)
+        head.use_native(True)
+        assert head.packed is not None
+        on_kernel = head(hidden)
+    # another summation order: equal to rounding, and not the torch path in disguise
+    torch.testing.assert_close(on_kernel, on_torch, rtol=1e-5, atol=1e-5)
+    assert bool(torch.isneginf(on_kernel[..., 1::2]).all())
+    trained = hidden.clone().requires_grad_(True)  # training needs gradients: the torch product
+    logits = head(trained)
+    assert torch.equal(logits, on_torch)
+    logits[..., VOCAB_SUBSET].sum().backward()
+    assert trained.grad is not None
+    head.use_native(False)
+    assert head.packed is None
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernel")
+def test_a_head_on_the_native_kernel_keeps_greedy_output_exact(target: Any, reference: list[list[int]]) -> None:
+    head = _head(target, "rnn")
+    head.head.use_native(True)
+    result = SpeculativeDecoder(target, HeadDrafter(head), parse_strategy("chain:3")).generate(PROMPTS, NEW_TOKENS)
+    assert result.tokens == reference
 
 
 def test_rnn_head_drafts_from_the_verifiers_true_feature_of_the_previous_token(target: Any) -> None:
