@@ -165,7 +165,7 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
         if h == later and calibration is None and certain_first:
             bound = _unstarted_bound(scores[first], depth)
             if _cannot_win(scores[first], bound, later + 1):  # not even a pass: the module docstring
-                return _skip_later(heads, first, chains[first], roots, scores[first], bound, device)
+                return _skip_second(heads, chains[first], roots, scores[first], bound, device)
         chain = TopChain.start(track.drafter, track.state, track.pending, depth, device)
         track.pending_width = chain.width
         chains[h] = chain
@@ -198,21 +198,16 @@ def _unstarted_bound(first_score: torch.Tensor, depth: int) -> torch.Tensor:
     return confidence_mean(ones, nodes)
 
 
-def _skip_later(heads: Sequence[HeadTrack], first: int, chain: TopChain, roots: Sequence[int],
-                first_score: torch.Tensor, bound: torch.Tensor, device: torch.device) -> DualDraft:
-    """The routed draft when only head ``first`` drafted: its chain, on every row. The other head gets an
-    empty stand-in draft (the root alone, no block entry) and ``pending_width`` 0, and is marked not drafted,
-    so the commit queues everything committed as its pending tokens (:func:`spec_fast.commit.advance_head`)."""
-    heads[1 - first].pending_width = 0
-    batch = len(roots)
-    drafted = chain.batch(roots)
-    root_only = draft_root_only(roots, "deterministic", device)
-    pair = (drafted, root_only) if first == 0 else (root_only, drafted)
-    chosen = select_heads(pair[0], pair[1], torch.full((batch,), first == 0, dtype=torch.bool, device=device))
-    # the skipped head's reported mean is the bound it lost with, as for a stopped head
-    means = torch.stack((first_score, bound) if first == 0 else (bound, first_score), dim=1)
-    skipped = (False, True) if first == 0 else (True, False)
-    return replace(chosen, mean_confidences=means, skipped=skipped)
+def _skip_second(heads: Sequence[HeadTrack], chain: TopChain, roots: Sequence[int], first_score: torch.Tensor,
+                 bound: torch.Tensor, device: torch.device) -> DualDraft:
+    """The routed draft when only head 1 drafted: its ``chain``, on every row. Head 2 gets a stand-in draft
+    (the root alone, no block entry) and ``pending_width`` 0, and is marked skipped, so the commit queues
+    everything committed as its pending tokens (:func:`spec_fast.commit.advance_head`); its reported mean is
+    the ``bound`` it lost with, as for a stopped head."""
+    heads[1].pending_width = 0
+    pick_first = torch.ones(len(roots), dtype=torch.bool, device=device)
+    chosen = select_heads(chain.batch(roots), draft_root_only(roots, "deterministic", device), pick_first)
+    return replace(chosen, mean_confidences=torch.stack((first_score, bound), dim=1), skipped=(False, True))
 
 
 def _cannot_win(first_score: torch.Tensor, bound: torch.Tensor, head: int) -> bool:
