@@ -137,10 +137,7 @@ def _score(chain: TopChain, roots: Sequence[int], calibration: RouteCalibration 
     :func:`node_match_lengths`, read before the commit clears the drafter's block); exact for a finished
     chain, else the upper bound of the module docstring."""
     if calibration is None:
-        confidences = _filled(chain.confidences(), chain.depth)
-        nodes = torch.ones_like(confidences, dtype=torch.bool)
-        nodes[:, 0] = False
-        return confidence_mean(confidences, nodes), None, None
+        return _chain_mean(_filled(chain.confidences(), chain.depth)), None, None
     draft = chain.batch(roots)
     lengths = node_match_lengths(chain.drafter, chain.state, draft)
     conf = _filled(calibrated_confidences(draft, calibration, head, lengths), chain.depth)
@@ -153,9 +150,9 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
     # a model-free head costs no pass: draft it in full first, so that the other can stop early
     first = 1 if isinstance(dual.second, RetrievalDrafter) and not isinstance(dual.first, RetrievalDrafter) else 0
     later = 1 - first
-    # a model head's probabilities are practically never exactly 1, so only a model-free head 1 is worth the
-    # host read that asks whether the other head can win at all
-    certain_first = first == 0 and isinstance(dual.first, RetrievalDrafter)
+    # a model head's probabilities are practically never exactly 1, so only a model-free head 1 (then drafted
+    # first) is worth the host read that asks whether the other head can win at all
+    certain_first = isinstance(dual.first, RetrievalDrafter)
     chains: dict[int, TopChain] = {}
     lengths: list[torch.Tensor | None] = [None, None]
     scores: list[torch.Tensor] = [torch.zeros(0), torch.zeros(0)]
@@ -189,13 +186,17 @@ def _draft_routed_chains(dual: DualDrafter, heads: Sequence[HeadTrack], roots: S
     return replace(chosen, stopped=(stopped[0], stopped[1]))
 
 
-def _unstarted_bound(first_score: torch.Tensor, depth: int) -> torch.Tensor:
-    """``[B]`` float64: the score bound of a chain not drafted yet, every confidence 1 (the root's), by the
-    same reduction as :func:`_score`."""
-    ones = torch.ones(first_score.shape[0], depth + 1, dtype=torch.float32, device=first_score.device)
-    nodes = torch.ones_like(ones, dtype=torch.bool)
+def _chain_mean(confidences: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64: the mean of a chain's ``confidences [B, L + 1]`` over its nodes (the root excluded),
+    by the reduction of :func:`~spec_fast.drafts.dual.mean_confidence`."""
+    nodes = torch.ones_like(confidences, dtype=torch.bool)
     nodes[:, 0] = False
-    return confidence_mean(ones, nodes)
+    return confidence_mean(confidences, nodes)
+
+
+def _unstarted_bound(first_score: torch.Tensor, depth: int) -> torch.Tensor:
+    """``[B]`` float64: the score bound of a chain not drafted yet, every confidence 1 (the root's)."""
+    return _chain_mean(torch.ones(first_score.shape[0], depth + 1, dtype=torch.float32, device=first_score.device))
 
 
 def _skip_second(heads: Sequence[HeadTrack], chain: TopChain, roots: Sequence[int], first_score: torch.Tensor,
