@@ -53,10 +53,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected = [rule for rule in RULES if not names or rule.name in names]
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out: {args.out} exists and is not a directory")
-    if any("torch" in rule.requires and not rule.missing() for rule in selected):
-        import torch
-
-        torch.set_num_threads(1)  # the project's default: one thread for tiny tensors on a shared machine
     budget = BUDGETS[args.budget]
     start = time.perf_counter()
     results = []

@@ -45,8 +45,13 @@ def transformers_version() -> str:
 
 
 def seed_torch(seed: int) -> None:
-    """Seed torch's global generator, the one ``_speculative_sampling`` draws from."""
+    """Seed torch's global generator, the one ``_speculative_sampling`` draws from, and use one thread.
+
+    The tensors are tiny ([1, 3, 3]); torch's default thread pool made each call several times slower on a
+    shared 2-core machine (as bench/results/threads.md found for decoding).
+    """
     torch, _ = _modules()
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
 
 

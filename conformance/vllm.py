@@ -32,15 +32,20 @@ front; drawing them lazily gives the same law (unused uniforms never influence t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from conformance._common import argmax, categorical, exponential_race, one_hot_rows, positive_part, without
 
+ChainVerifier = Callable[[Any, Any, Sequence[int], Any], list[int]]
+
 __all__ = [
+    "ChainVerifier",
     "block_verification",
     "block_verification_one_hot",
+    "greedy",
     "greedy_on_sampled_argmax",
+    "on_sampled_argmax",
     "rejection_sampler",
     "rejection_sampler_without_draft_probs",
 ]
@@ -89,8 +94,8 @@ def greedy(target_logits: Sequence[Sequence[Any]], draft_tokens: Sequence[int]) 
     return committed
 
 
-def greedy_on_sampled_argmax(target_probs: Any, draft_probs: Any, draft_tokens: Sequence[int], rng: Any) -> list[int]:
-    """The greedy path checked through the Gumbel-max reduction.
+def on_sampled_argmax(greedy_rule: Callable[[Sequence[Sequence[Any]], Sequence[int]], list[int]]) -> ChainVerifier:
+    """A greedy rule ``greedy_rule(target_logits, draft_tokens)`` checked through the Gumbel-max reduction.
 
     A greedy request's law is the point mass at the argmax of its logits. Perturbing each row's logits
     ``log p_i`` by i.i.d. Gumbel noise makes that argmax a draw from ``p_i``, so a correct greedy rule,
@@ -99,9 +104,16 @@ def greedy_on_sampled_argmax(target_probs: Any, draft_probs: Any, draft_tokens: 
     the one-hot logits row it would see; any greedy rule that commits something other than the argmax path
     (a draft at a mismatch, the wrong row) changes the law and is rejected.
     """
-    rows = [categorical(rng, list(row)) for row in target_probs]
-    vocab_size = len(target_probs[0])
-    return greedy(one_hot_rows(rows, vocab_size), draft_tokens)
+
+    def verifier(target_probs: Any, draft_probs: Any, draft_tokens: Sequence[int], rng: Any) -> list[int]:
+        rows = [categorical(rng, list(row)) for row in target_probs]
+        return greedy_rule(one_hot_rows(rows, len(target_probs[0])), draft_tokens)
+
+    verifier.__qualname__ = f"on_sampled_argmax({greedy_rule.__name__})"
+    return verifier
+
+
+greedy_on_sampled_argmax = on_sampled_argmax(greedy)
 
 
 def _block(target_probs: Any, draft_rows: Sequence[Sequence[Any]], draft_tokens: Sequence[int], rng: Any) -> list[int]:
