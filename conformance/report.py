@@ -13,6 +13,7 @@ import platform
 import subprocess
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +131,11 @@ def _cpu() -> str:
 
 def environment() -> dict[str, Any]:
     """The commit and machine a run is on."""
-    versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for name in ("scipy", "torch", "transformers"):
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", "scipy", "torch", "transformers"):
         try:
-            versions[name] = str(__import__(name).__version__)
-        except ImportError:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-"$PYTHON" -m mypy --strict spec_ref spec_fast
+"$PYTHON" -m mypy --strict spec_ref spec_fast conformance
 "$PYTHON" -m pytest -q -p no:cacheprovider --durations=15 "$@"
 if [ "${NUMPY_ONLY:-1}" != "0" ]; then
     PYTHON="$PYTHON" bash scripts/test_numpy_only.sh
