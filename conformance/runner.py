@@ -50,7 +50,7 @@ BUDGETS: dict[str, Budget] = {
             "chain": ((2, 1), (2, 2), (3, 2), (2, 3), (3, 3)),
             "tree": ((2, 1, 1), (2, 2, 1), (3, 2, 1), (2, 2, 2), (3, 2, 2), (2, 3, 2)),
         },
-        random_cases=4, statistical_random_cases=2, tv=0.05,
+        random_cases=4, statistical_random_cases=2, tv=0.1,
     ),
 }
 
