@@ -120,6 +120,13 @@ RULES: tuple[Rule, ...] = (
          "accepts up to the last i with prod min(1, p/q) >= prod u, then the token-wise recovered token",
          _fixed(vllm_ascend.block_verify_before_fix), mode="statistical", arithmetic="float",
          sizes=((2, 2), (2, 3))),
+    Rule("vllm-ascend-block-verify-before-fix-ngram", "vllm-ascend block verify before PR 7808, n-gram drafts",
+         "vllm-project/vllm-ascend · vllm_ascend/sample/rejection_sampler.py · "
+         "rejection_random_sample_block_verify_pytorch with draft_probs=None, before PR 7603 turned block verify "
+         "off for draft-free proposers", "chain", False,
+         "the same products with every draft probability 1, recovered token from p without the draft",
+         _fixed(vllm_ascend.block_verify_before_fix_ngram), mode="statistical", arithmetic="float",
+         sizes=((2, 2), (2, 3))),
     Rule("sglang-target-only", "SGLang target-only tree sampling, thresholds 1 (default)",
          f"{SGLANG} (read at commit b227f63247cd), threshold_single = threshold_acc = 1", "tree", True,
          "one coin per node against the cumulative target mass of the siblings: a target draw per visited node",
