@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny random Llama, 2 prompts x 1 root, 2 regimes")
     parser.add_argument("--prompts-per-kind", type=int, default=2)
-    parser.add_argument("--roots", type=int, default=2, help="roots per prompt (every 16 sampled tokens)")
+    parser.add_argument("--roots", type=int, default=1, help="roots per prompt (every 16 sampled tokens)")
     parser.add_argument("--regimes", default=",".join(str(r) for r in REGIMES))
     parser.add_argument("--settings", default=";".join(f"{t},{p}" for t, p in SETTINGS))
     parser.add_argument("--top-k", type=int, default=128)
@@ -308,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         report(args.out, args)
         return 0
     started = time.time()
+    commit = git_commit()  # at the start: the tree may move on while the run goes
     regimes = tuple(float(r) for r in args.regimes.split(","))
     settings = tuple(tuple(float(x) for x in s.split(",")) for s in args.settings.split(";"))
     if args.quick:
         from bench.study_regimes_report import tiny_model
 
         model, prompts_ids = tiny_model()
-        regimes, settings = (0.5, 0.9), ((1.0, 1.0),)
+        regimes, settings = (0.5, 0.9), ((0.2, 1.0),)
+        args.nde_steps, args.nde_methods = min(args.nde_steps, 30), "specinfer"
         name = "tiny random Llama (V = 64, 2 layers; --quick)"
     else:
         from spec_fast.models import chat_prompt_ids, load_model
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"evaluate {time.time() - tick - drafted:.1f} s", file=sys.stderr, flush=True)
     meta = {
         "command": "python bench/study_regimes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": git_commit(),
+        "commit": commit,
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} at 1 thread",
         "model": name,
         "roots": len(roots), "prompts": len(prompts_ids), "settings": [list(s) for s in settings],
