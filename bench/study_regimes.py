@@ -111,7 +111,10 @@ class Target:
     """A causal LM with a DynamicCache: prefill a context, then one token per row per step."""
 
     def __init__(self, model: Any) -> None:
+        from spec_fast._hf_compat import cache_keyword
+
         self.model = model
+        self.cache_name = cache_keyword(model.forward)  # "cache" from transformers 5.24, else "past_key_values"
 
     @torch.no_grad()
     def prefill(self, ids: list[int]) -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -119,16 +122,17 @@ class Target:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, output_hidden_states=True)
-        return out.past_key_values, out.logits[0, -2:].float(), out.hidden_states[-1][0, -2:].float()
+        out = self.model(input_ids=torch.tensor([ids]), use_cache=True, output_hidden_states=True,
+                         **{self.cache_name: cache})
+        return cache, out.logits[0, -2:].float(), out.hidden_states[-1][0, -2:].float()
 
     @torch.no_grad()
     def step(self, cache: Any, tokens: list[int], mask: torch.Tensor | None = None,
              positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per row; ``mask [B, cached + 1]`` and ``positions [B, 1]`` for
         rows whose cached prefix has gaps (the batched branches of :func:`shared_draw`)."""
-        out = self.model(input_ids=torch.tensor(tokens).view(-1, 1), past_key_values=cache, use_cache=True,
-                         attention_mask=mask, position_ids=positions)
+        out = self.model(input_ids=torch.tensor(tokens).view(-1, 1), use_cache=True, attention_mask=mask,
+                         position_ids=positions, **{self.cache_name: cache})
         return out.logits[:, -1].float()
 
 

@@ -19,7 +19,7 @@ mean is returned, so a regime that a high-entropy ``p`` cannot reach is reported
 
 This draft is **derived from p**: producing it costs a target pass per drafted token, so it says nothing
 about speed. It exists to place the verifiers' comparison at a chosen acceptance (``bench/study_regimes.py``,
-docs/algorithms.md "Controlled drafts"). Works on float64 arrays and on Fraction object arrays (exact).
+docs/algorithms.md section 13). Works on float64 arrays and on Fraction object arrays (exact).
 """
 
 from __future__ import annotations
