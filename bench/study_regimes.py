@@ -2,9 +2,9 @@
 
 The committed study of ``bench/study.py`` sits at block efficiency 1.1-1.4 (real drafts of SmolLM2-135M);
 seed 002's claims were made at 2-6.8. This study places the comparison at chosen single-token acceptances
-with the *permuted-mixture* draft of :mod:`spec_ref.controlled_draft` (q = (1 - eps) p + eps p[sigma], built
-from the target's own law p at every node, so acceptance 1 - TV(p, q) = 1 - eps TV(p, p[sigma]) is set by
-eps). The draft is derived from p and costs a target pass per drafted token: it is a tool for block
+with the *rank-permuted mixture* draft of :mod:`spec_ref.controlled_draft` (q = (1 - eps) p + eps r, r = p
+with its masses moved between the tokens of its support by a seeded permutation of their ranks, built from
+the target's own law p at every node, so acceptance 1 - TV(p, q) = 1 - eps TV(p, r) is set by eps). The draft is derived from p and costs a target pass per drafted token: it is a tool for block
 efficiency, never a speed claim. Throughput columns use a stated latency model (below), not timing.
 
 Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
@@ -63,7 +63,7 @@ from bench.regimes_eval import (  # noqa: E402
     tree_of,
 )
 from spec_fast.selector_data import DelayedDraws  # noqa: E402
-from spec_ref.controlled_draft import permuted_mixture, solve_strength, total_variation, vocab_permutation  # noqa: E402
+from spec_ref.controlled_draft import solve_strength, total_variation, vocab_permutation  # noqa: E402
 from spec_ref.efficiency import expected_block_efficiency  # noqa: E402
 from spec_ref.rng import GeneratorSource  # noqa: E402
 from spec_ref.selector import action_space, latency_table  # noqa: E402
@@ -216,7 +216,7 @@ def evaluate(draws: DelayedDraws, laws: dict[tuple[int, ...], NodeLaw], seed: in
         out["depth_mass"][method] = masses
     chain = action_draws(draws, 1, 0)
     for method in SINGLE:
-        values = np.zeros(L1_MAX + L2_MAX + 1)
+        values = np.full(L1_MAX + L2_MAX + 1, math.nan)  # the chain of L1max + L2max tokens is not evaluated
         values[0] = 1.0
         spine_draws = {tuple(draws.spine[:j]): [draws.spine[j]] for j in range(L1_MAX + L2_MAX - 1)}
         for length in range(1, L1_MAX + L2_MAX):
@@ -331,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
         name = "SmolLM2-135M-Instruct float32 (transformers forward)"
     model.eval()
     target = Target(model)
-    vocab = int(model.config.vocab_size)
-    sigma = vocab_permutation(vocab, args.seed)
     roots: list[tuple[int, int, list[int]]] = []  # (prompt index, root index, context ids)
     for i, ids in enumerate(prompts_ids):
         response = sample_response(target, ids, INTERVAL * args.roots, args.seed + i)
@@ -347,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         prefills.append(logits)
         for s in settings:
             p, _ = sampling_law(logits[-1], s[0], s[1], args.top_k)
-            distances[s].append(float(total_variation(p, p[sigma])))
+            distances[s].append(float(total_variation(p, rank_permuted_fast(p, 1.0, args.seed))))
     strengths = {(s, a): solve_strength(distances[s], a) for s in settings for a in regimes}
     records: list[dict[str, Any]] = []
     partial = os.path.join(args.out, "rows.partial.json")
@@ -370,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 def law(row: torch.Tensor) -> NodeLaw:
                     p, cut_mass = sampling_law(row, temperature, top_p, args.top_k)
                     removed.append(cut_mass)
-                    return reduce_pair(p, permuted_mixture_fast(p, strength.eps, sigma))
+                    return reduce_pair(p, rank_permuted_fast(p, strength.eps, args.seed))
 
                 rng = np.random.default_rng([args.seed, prompt, root, int(temperature * 100), int(top_p * 100),
                                              int(regime * 100)])
@@ -379,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = evaluate(draws, laws, int(rng.integers(2**31)))
                 p_prev, _ = sampling_law(logits[-2], temperature, top_p, args.top_k)
                 p_root, _ = sampling_law(logits[-1], temperature, top_p, args.top_k)
-                q_prev = permuted_mixture_fast(p_prev, strength.eps, sigma)
-                q_root = permuted_mixture_fast(p_root, strength.eps, sigma)
+                q_prev = rank_permuted_fast(p_prev, strength.eps, args.seed)
+                q_root = rank_permuted_fast(p_root, strength.eps, args.seed)
                 root_acc = float(np.minimum(p_root, q_root).sum())
                 records.append({
                     "prompt": prompt, "root": root, "temperature": temperature, "top_p": top_p, "regime": regime,
@@ -440,10 +438,20 @@ def save_rows(out: str, meta: dict[str, Any], records: list[dict[str, Any]]) -> 
         json.dump({"meta": meta, "rows": records}, fh, indent=0)
 
 
-def permuted_mixture_fast(p: np.ndarray, eps: float, sigma: np.ndarray) -> np.ndarray:
-    """:func:`spec_ref.controlled_draft.permuted_mixture` without its per-call validation (hot path; the
-    tests check the two agree)."""
-    return (1.0 - eps) * p + eps * p[sigma]
+_RANKS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def rank_permuted_fast(p: np.ndarray, eps: float, seed: int) -> np.ndarray:
+    """:func:`spec_ref.controlled_draft.rank_permuted_mixture` vectorised, without its per-call validation
+    (hot path; the tests check the two agree)."""
+    support = np.flatnonzero(p > 0)
+    order = support[np.lexsort((support, -p[support]))]
+    key = (order.size, seed)
+    if key not in _RANKS:
+        _RANKS[key] = vocab_permutation(order.size, seed)
+    r = np.zeros_like(p)
+    r[order] = p[order[_RANKS[key]]]
+    return (1.0 - eps) * p + eps * r
 
 
 if __name__ == "__main__":

@@ -9,13 +9,20 @@ with ``sigma`` one fixed permutation of the vocabulary (:func:`vocab_permutation
 peaked as ``p`` but puts its mass on unrelated tokens, so a large ``eps`` gives a confidently wrong draft,
 the failure mode of a small real draft; ``eps = 0`` is the target itself (acceptance 1).
 
-Single-token acceptance is exactly linear in ``eps`` (:func:`mixture_acceptance`)::
+The *rank-permuted mixture* (:func:`rank_permuted_mixture`, the one ``bench/study_regimes.py`` uses) keeps
+p's support: ``r`` moves p's masses between the tokens of that support by a seeded permutation of their
+ranks (:func:`rank_permuted`), so every drafted token is plausible under p and only the ranking is wrong.
+With a vocabulary permutation and a truncated p, p and p[sigma] are nearly disjoint and every draw is
+either a draw of p or a token the target never emits; the rank version avoids that all-or-nothing draft.
+
+For both, single-token acceptance is exactly linear in ``eps`` (:func:`mixture_acceptance`)::
 
     sum_t min(p, q_eps) = 1 - TV(p, q_eps) = 1 - eps * TV(p, r),    TV(a, b) = (1/2) sum_t |a - b|,
 
-because ``p - q_eps = eps * (p - r)`` pointwise. :func:`solve_strength` inverts it for a set of positions:
+:func:`solve_strength` inverts it for a set of positions:
 the ``eps`` whose *mean* acceptance over them equals a target acceptance (clipped to [0, 1]; the achieved
-mean is returned, so a regime that a high-entropy ``p`` cannot reach is reported, never hidden).
+mean is returned, so a regime that a high-entropy ``p`` cannot reach is reported, never hidden), because
+``p - q_eps = eps * (p - r)`` pointwise for either ``r``.
 
 This draft is **derived from p**: producing it costs a target pass per drafted token, so it says nothing
 about speed. It exists to place the verifiers' comparison at a chosen acceptance (``bench/study_regimes.py``,
@@ -39,6 +46,8 @@ __all__ = [
     "Strength",
     "vocab_permutation",
     "permuted_mixture",
+    "rank_permuted",
+    "rank_permuted_mixture",
     "acceptance",
     "total_variation",
     "mixture_acceptance",
@@ -83,6 +92,32 @@ def permuted_mixture(p: Any, eps: Any, sigma: Any) -> Vector:
     eps = _strength(eps)
     perm = _permutation(sigma, law.shape[0])
     out: Vector = law * (1 - eps) + law[perm] * eps
+    return out
+
+
+def rank_permuted(p: Any, seed: int) -> Vector:
+    """``r``: p's masses moved between the tokens of its support by a seeded permutation of their ranks.
+
+    With ``t_1, ..., t_n`` the support of p by decreasing p (ties: lower id first) and ``pi`` =
+    ``vocab_permutation(n, seed)``, ``r(t_i) = p(t_{pi(i)})``: r has p's support and p's multiset of
+    masses, but ranks the candidates in an unrelated order (the draft "knows" the plausible tokens and
+    misranks them)."""
+    law = probability_vector(p, "p")
+    support = [t for t in range(law.shape[0]) if law[t] > 0] if is_exact(law) else np.flatnonzero(law > 0).tolist()
+    order = sorted(support, key=lambda t: (-law[t], t))
+    pi = vocab_permutation(len(order), seed)
+    out: Vector = law * 0
+    for i, t in enumerate(order):
+        out[t] = law[order[int(pi[i])]]
+    return out
+
+
+def rank_permuted_mixture(p: Any, eps: Any, seed: int) -> Vector:
+    """``q_eps = (1 - eps) p + eps r`` with ``r = rank_permuted(p, seed)`` (module docstring); q has p's support,
+    and ``acceptance(p, q) = 1 - eps * TV(p, r)`` exactly."""
+    law = probability_vector(p, "p")
+    eps = _strength(eps)
+    out: Vector = law * (1 - eps) + rank_permuted(law, seed) * eps
     return out
 
 

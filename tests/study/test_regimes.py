@@ -1,6 +1,7 @@
 """The controlled draft family (spec_ref.controlled_draft) and the regimes study (bench/study_regimes.py).
 
-* the permuted mixture's acceptance is exactly 1 - TV(p, q) = 1 - eps TV(p, p[sigma]) (Fractions);
+* both mixtures' acceptance is exactly 1 - TV(p, q) = 1 - eps TV(p, r) (Fractions); the rank version keeps
+  p's support and masses;
 * the K = 1 reductions hold on its drafts: SpecTr, SpecInfer, Khisti and NaiveTree equal naive, Traversal
   equals BV (exact, Traversal by enumeration of its random draws);
 * BV >= naive at every root, in expectation over the drafted chain (every chain enumerated, exact);
@@ -24,6 +25,8 @@ from spec_ref.controlled_draft import (
     acceptance,
     mixture_acceptance,
     permuted_mixture,
+    rank_permuted,
+    rank_permuted_mixture,
     solve_strength,
     total_variation,
     vocab_permutation,
@@ -67,15 +70,26 @@ def test_acceptance_is_one_minus_tv_exactly(seed: int, eps: Fraction) -> None:
         assert list(q) == list(p) and acceptance(p, q) == 1
 
 
+@pytest.mark.parametrize("eps", [Fraction(0), Fraction(2, 5), Fraction(1)])
+@pytest.mark.parametrize("seed", range(4))
+def test_rank_permuted_mixture_keeps_the_support_and_its_acceptance_is_one_minus_tv(seed: int, eps: Fraction) -> None:
+    p = fraction_law(seed, zeros=seed % 3)
+    r = rank_permuted(p, seed)
+    assert sorted(r) == sorted(p) and [v > 0 for v in r] == [v > 0 for v in p]
+    q = rank_permuted_mixture(p, eps, seed)
+    assert acceptance(p, q) == 1 - total_variation(p, q) == 1 - eps * total_variation(p, r)
+
+
 def test_the_study_hot_path_equals_the_family() -> None:
-    from bench.study_regimes import permuted_mixture_fast
+    from bench.study_regimes import rank_permuted_fast
 
     rng = np.random.default_rng(0)
-    sigma = vocab_permutation(50, 3)
     p = rng.dirichlet(np.ones(50) * 0.2)
-    np.testing.assert_allclose(permuted_mixture_fast(p, 0.37, sigma), permuted_mixture(p, 0.37, sigma), rtol=0, atol=1e-15)
+    p[rng.choice(50, 10, replace=False)] = 0
+    p /= p.sum()
+    np.testing.assert_allclose(rank_permuted_fast(p, 0.37, 3), rank_permuted_mixture(p, 0.37, 3), rtol=0, atol=1e-15)
     assert sorted(vocab_permutation(50, 3).tolist()) == list(range(50))
-    assert vocab_permutation(50, 3).tolist() == sigma.tolist()  # seeded
+    assert vocab_permutation(50, 3).tolist() == vocab_permutation(50, 3).tolist()  # seeded
 
 
 def test_solve_strength_hits_reachable_targets_and_reports_unreachable_ones() -> None:
