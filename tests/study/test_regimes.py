@@ -54,7 +54,9 @@ def target(prefix: tuple[int, ...]) -> np.ndarray:
     return fraction_law(1000 + hash(prefix) % 997, zeros=len(prefix) % 3)
 
 
-def draft(eps: Fraction):
+def draft(eps: Fraction, family: str = "rank"):
+    if family == "rank":
+        return lambda prefix: rank_permuted_mixture(target(prefix), eps, 5)
     return lambda prefix: permuted_mixture(target(prefix), eps, SIGMA)
 
 
@@ -117,9 +119,10 @@ def chain(tokens: tuple[int, ...], q_model) -> DraftTree:
     return _assemble(draws, {pre: q_model(pre) for pre in draws if draws[pre]}, "iid")
 
 
+@pytest.mark.parametrize("family", ["rank", "vocab"])
 @pytest.mark.parametrize("eps", [Fraction(1, 4), Fraction(3, 4)])
-def test_k1_reductions_on_controlled_drafts(eps: Fraction) -> None:
-    q_model = draft(eps)
+def test_k1_reductions_on_controlled_drafts(eps: Fraction, family: str) -> None:
+    q_model = draft(eps, family)
     for tokens in [(0, 1), (2, 2), (3, 5, 1)]:
         if any(q_model(tokens[:j])[tokens[j]] == 0 for j in range(len(tokens))):
             continue
@@ -130,9 +133,10 @@ def test_k1_reductions_on_controlled_drafts(eps: Fraction) -> None:
         assert exact_block_efficiency(tree, target, "traversal") == expected_block_efficiency(tree, target, "bv")
 
 
+@pytest.mark.parametrize("family", ["rank", "vocab"])
 @pytest.mark.parametrize("eps", [Fraction(1, 5), Fraction(1, 2), Fraction(1)])
-def test_bv_is_at_least_naive_at_every_root_over_the_drafted_chain(eps: Fraction) -> None:
-    q_model = draft(eps)
+def test_bv_is_at_least_naive_at_every_root_over_the_drafted_chain(eps: Fraction, family: str) -> None:
+    q_model = draft(eps, family)
     for length in (1, 2):
         totals = {"bv": Fraction(0), "naive": Fraction(0)}
         for tokens in itertools.product(range(V), repeat=length):
@@ -147,13 +151,15 @@ def test_bv_is_at_least_naive_at_every_root_over_the_drafted_chain(eps: Fraction
         assert totals["bv"] >= totals["naive"]
 
 
-def shared_draw(eps: float, seed: int) -> tuple[DelayedDraws, dict]:
+def shared_draw(eps: float, seed: int, family: str) -> tuple[DelayedDraws, dict]:
     rng = np.random.default_rng(seed)
 
     def p_of(prefix):
         return np.asarray(target(prefix), dtype=np.float64)
 
     def q_of(prefix):
+        if family == "rank":
+            return rank_permuted_mixture(p_of(prefix), eps, 2)
         return permuted_mixture(p_of(prefix), eps, SIGMA)
 
     def sample(prefix, n):
@@ -173,9 +179,10 @@ def shared_draw(eps: float, seed: int) -> tuple[DelayedDraws, dict]:
     return draws, laws, p_of, q_of
 
 
+@pytest.mark.parametrize("family", ["rank", "vocab"])
 @pytest.mark.parametrize("seed", range(3))
-def test_reduced_evaluation_equals_spec_ref_on_the_full_vocabulary(seed: int) -> None:
-    draws, laws, p_of, q_of = shared_draw(0.6, seed)
+def test_reduced_evaluation_equals_spec_ref_on_the_full_vocabulary(seed: int, family: str) -> None:
+    draws, laws, p_of, q_of = shared_draw(0.6, seed, family)
     for k in range(1, 4):
         for l1 in range(2):
             tree_draws = action_draws(draws, k, l1)
