@@ -80,7 +80,7 @@ def latency(draft_cost: float) -> np.ndarray:
     return np.asarray(latency_table(0, ACTIONS, lambda _: draft_cost, lambda _: 1.0), dtype=np.float64)
 
 
-def shape_table(rows: Rows, method: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def shape_table(rows: Rows, method: str, delayed: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """``(E [N, S], T [S], names)`` of the i.i.d. shapes a method runs in Tables 2-3 (chains of 0..8 tokens
     for naive and BV; K x L trees, K = 1..4, L = 0..8, for the others)."""
     lat = latency(rows.draft_cost)
@@ -88,6 +88,8 @@ def shape_table(rows: Rows, method: str) -> tuple[np.ndarray, np.ndarray, list[s
         lengths = list(range(L2_MAX + 1))
         return rows.be[method][:, lengths], np.array([1.0 + rows.draft_cost * n for n in lengths]), \
             [f"chain:{n}" for n in lengths]
+    if delayed:  # every (K, L1, L2) of the action space
+        return rows.be[method], lat, [f"delayed:{k},{l1},{l2}" for k, l1, l2 in ACTIONS]
     picks = [INDEX[(k, 0, n)] for k in range(1, K_MAX + 1) for n in range(L2_MAX + 1)]
     names = [f"iid:{k}x{n}" for k in range(1, K_MAX + 1) for n in range(L2_MAX + 1)]
     return rows.be[method][:, picks], lat[picks], names
@@ -97,9 +99,10 @@ def _se(values: np.ndarray) -> float:
     return float(values.std(ddof=1) / math.sqrt(values.size)) if values.size > 1 else math.nan
 
 
-def best_static(rows: Rows, method: str, regime: float, by: str) -> dict[str, Any]:
-    """Best i.i.d. shape per setting (on all roots) at one regime; per-root values averaged over settings."""
-    values, lat, names = shape_table(rows, method)
+def best_static(rows: Rows, method: str, regime: float, by: str, delayed: bool = False) -> dict[str, Any]:
+    """Best i.i.d. (or any delayed) shape per setting (on all roots) at one regime; per-root values averaged
+    over settings."""
+    values, lat, names = shape_table(rows, method, delayed)
     root_ids = rows.root_ids()
     per_root = np.zeros(len(rows.roots))
     counts = np.zeros(len(rows.roots))
@@ -191,7 +194,7 @@ def nde(rows: Rows, method: str, steps: int) -> dict[str, Any]:
 
 def _ratio(rows: Rows, regime: float, num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
     """mean(num) / mean(den) over a regime's rows, and the SE of that ratio (delta method over roots)."""
-    m = rows.mask(regime)
+    m = rows.mask(regime) & np.isfinite(num) & np.isfinite(den)  # rows without a baseline (none fitted) drop out
     ids = rows.root_ids()[m]
     a = np.bincount(ids, weights=num[m]) / np.maximum(np.bincount(ids), 1)
     b = np.bincount(ids, weights=den[m]) / np.maximum(np.bincount(ids), 1)
@@ -212,6 +215,9 @@ def report(out: str, args: Any) -> None:
     achieved = {r: float(np.mean([x["root_acceptance"] for x in rows.rows if x["regime"] == r])) for r in rows.regimes}
     lines = ["# Seed 002's comparison across acceptance regimes (controlled drafts)", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "strengths"]
+    loads = [x["load_average_1min"] for x in rows.rows if "load_average_1min" in x]
+    if loads:
+        lines.append(f"- 1-minute load average while the rows ran: {min(loads):.1f}-{max(loads):.1f} (2 cores shared)")
     lines += ["", "The draft is the permuted mixture q = (1 - eps) p + eps p[sigma] of spec_ref.controlled_draft, "
               "built from the target's own law at every node: it costs a target pass per drafted token, so "
               "nothing here is a speed claim. Throughput is offline E / T_hat with eq. 11 (t_p = 1 target pass, "
@@ -262,6 +268,24 @@ def report(out: str, args: Any) -> None:
             leads[by][r] = (second, 100 * float(diff.mean()), 100 * _se(diff))
             lines.append(f"| {label[r]} | {by} | {t.mean():.3f} | {second} | {o.mean():.3f} | {t.mean() - o.mean():+.3f} | "
                          f"{100 * diff.mean():+.1f}% +- {100 * _se(diff):.1f}% |")
+    lines.append("")
+    # ---- delayed expansion
+    lines += ["## Delayed expansion (seed 002 section 5): best (K, L1, L2) against best i.i.d. K x L", "",
+              "Best static shape per setting over the whole action space (K <= 4, L1 <= 4, L2 <= 8) against the best "
+              "i.i.d. tree, same roots; gain in % of the i.i.d. value, paired over roots.", "",
+              "| method | by | " + " | ".join(f"acceptance {label[r]}" for r in rows.regimes) + " |",
+              "|---|---|" + "---|" * len(rows.regimes)]
+    delayed_gain: dict[str, dict[str, dict[float, tuple[float, float]]]] = {}
+    for m in OT + ("traversal",):
+        for by in ("be", "tps"):
+            cells = []
+            for r in rows.regimes:
+                d = best_static(rows, m, r, by, delayed=True)
+                diff = (d["per_root"] - tables[by][m][r]["per_root"]) / tables[by][m][r]["mean"]
+                delayed_gain.setdefault(m, {}).setdefault(by, {})[r] = (100 * float(diff.mean()), 100 * _se(diff))
+                cells.append(f"{d['mean']:.3f} ({100 * diff.mean():+.1f}% +- {100 * _se(diff):.1f}%; "
+                             f"{', '.join(s.split(':')[1] for s in d['shapes'])})")
+            lines.append(f"| {m} | {by} | " + " | ".join(cells) + " |")
     lines.append("")
     # ---- acceptance by depth
     lines += ["## Acceptance by depth on the i.i.d. 4 x 8 tree (and K = 1: naive_tree = naive)", "",
@@ -344,6 +368,7 @@ def report(out: str, args: Any) -> None:
                "tables": {by: {m: {str(r): {k: v for k, v in c.items() if k != "per_root"} for r, c in t.items()}
                                for m, t in tab.items()} for by, tab in tables.items()},
                "traversal_lead": {by: {str(r): v for r, v in d.items()} for by, d in leads.items()},
+               "delayed_gain": {m: {by: {str(r): v for r, v in d.items()} for by, d in t.items()} for m, t in delayed_gain.items()},
                "nde": {m: {str(r): c for r, c in d.items()} for m, d in cells_of.items()}}
     with open(os.path.join(out, "study_regimes.json"), "w") as fh:
         json.dump(summary, fh, indent=1, default=float)
