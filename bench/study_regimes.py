@@ -29,10 +29,12 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
 7. NDE: the selector of spec_fast.selector_training (its SelectorNet, loss, training and evaluation
    functions as they are), trained on these rows per OT method and scored out of fold (5-fold
    cross-fitting by prompt), against the best static shape per regime and Traversal's best static shape.
+   ``--nde-steps`` (400) is below TrainSettings' 1000 to fit the session's time.
 
-    python bench/study_regimes.py --quick   # CI-sized: tiny random Llama, 2 roots, 2 regimes (seconds)
-    python bench/study_regimes.py           # the committed study (see bench/results/study_regimes/)
-    python bench/study_regimes.py --report-only   # tables and plots from the saved rows
+    python bench/study_regimes.py --quick   # CI-sized: tiny random Llama, 5 roots, 2 regimes (~15 s CPU)
+    python bench/study_regimes.py           # the committed study: 10 prompts x 1 root, 4 settings, 4 regimes,
+                                            # 5 NDE methods (about 41 min on 2 cores at load ~10)
+    python bench/study_regimes.py --report-only   # tables, plots and the NDE part from the saved rows
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from spec_fast.selector_data import DelayedDraws  # noqa: E402
 from spec_ref.controlled_draft import solve_strength, total_variation, vocab_permutation  # noqa: E402
 from spec_ref.efficiency import expected_block_efficiency  # noqa: E402
 from spec_ref.rng import GeneratorSource  # noqa: E402
-from spec_ref.selector import action_space, latency_table  # noqa: E402
+from spec_ref.selector import action_space  # noqa: E402
 from spec_ref.verify import verify  # noqa: E402
 
 PROMPTS_PATH = os.path.join(ROOT, "bench", "data", "study_prompts.json")
@@ -214,7 +216,6 @@ def evaluate(draws: DelayedDraws, laws: dict[tuple[int, ...], NodeLaw], seed: in
                     masses.append(np.pad(mass, (0, L2_MAX + 1 - mass.size)).tolist())
         out["be"][method] = values
         out["depth_mass"][method] = masses
-    chain = action_draws(draws, 1, 0)
     for method in SINGLE:
         values = np.full(L1_MAX + L2_MAX + 1, math.nan)  # the chain of L1max + L2max tokens is not evaluated
         values[0] = 1.0
@@ -223,7 +224,6 @@ def evaluate(draws: DelayedDraws, laws: dict[tuple[int, ...], NodeLaw], seed: in
             tree, model = tree_of(cut(spine_draws, length), laws)
             values[length] = float(expected_block_efficiency(tree, model, method))
         out["be"][method] = values  # by chain length (index L), up to L1max + L2max - 1
-    del chain
     bv = out["be"]["bv"]
     values = np.zeros(len(ACTIONS))
     masses = []

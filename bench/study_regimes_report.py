@@ -137,7 +137,8 @@ def fmt(value: float, digits: int = 2) -> str:
 # NDE (Tables 4-7)
 # ----------------------------------------------------------------------------------------------------
 def nde(rows: Rows, method: str, steps: int) -> dict[str, Any]:
-    """Out-of-fold NDE choices for ``method`` and the static / Traversal baselines chosen on training folds.
+    """Out-of-fold NDE choices for ``method`` and the static / Traversal baselines chosen on training folds
+    (over the whole action space, delayed trees included).
 
     Returns per-row arrays E and E/T of: ``nde``, ``static_be`` / ``static_tps`` (the method's best action by
     block efficiency / throughput per regime and setting on the training folds), ``traversal_be`` /
@@ -218,7 +219,8 @@ def report(out: str, args: Any) -> None:
     loads = [x["load_average_1min"] for x in rows.rows if "load_average_1min" in x]
     if loads:
         lines.append(f"- 1-minute load average while the rows ran: {min(loads):.1f}-{max(loads):.1f} (2 cores shared)")
-    lines += ["", "The draft is the permuted mixture q = (1 - eps) p + eps p[sigma] of spec_ref.controlled_draft, "
+    lines += ["", "The draft is the rank-permuted mixture q = (1 - eps) p + eps r of spec_ref.controlled_draft (r: p's "
+              "masses moved between the tokens of its support by a seeded rank permutation), "
               "built from the target's own law at every node: it costs a target pass per drafted token, so "
               "nothing here is a speed claim. Throughput is offline E / T_hat with eq. 11 (t_p = 1 target pass, "
               f"t_q = {rows.draft_cost} per draft step).", "",
@@ -360,7 +362,10 @@ def report(out: str, args: Any) -> None:
             for a in nde_results[m]["chosen"].tolist():
                 counts[str(ACTIONS[a])] = counts.get(str(ACTIONS[a]), 0) + 1
             top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
-            lines.append(f"- {m} NDE's most chosen actions (K, L1, L2): " + ", ".join(f"{k} x{v}" for k, v in top))
+            lines.append(f"- {m} NDE's most chosen actions (K, L1, L2) over {len(rows.rows)} rows: "
+                         + ", ".join(f"{k} x{v}" for k, v in top)
+                         + (" (one action everywhere: the policy did not leave its prior, the best static action "
+                            "of the training folds)" if len(counts) == 1 else ""))
         lines.append("")
     else:
         cells_of = {}
