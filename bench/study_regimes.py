@@ -33,7 +33,7 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
 
     python bench/study_regimes.py --quick   # CI-sized: tiny random Llama, 5 roots, 2 regimes (~15 s CPU)
     python bench/study_regimes.py           # the committed study: 10 prompts x 1 root, 4 settings, 4 regimes,
-                                            # 5 NDE methods (about 41 min on 2 cores at load ~10)
+                                            # 5 NDE methods (37 min on 2 cores at load ~10)
     python bench/study_regimes.py --report-only   # tables, plots and the NDE part from the saved rows
 """
 

@@ -393,11 +393,12 @@ def plot(rows: Rows, tables: dict[str, Any], achieved: dict[float, float], out: 
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     xs = [achieved[r] for r in rows.regimes]
+    color = {m: f"C{i}" for i, m in enumerate(METHODS)}  # one colour per method in every panel
     for m in METHODS:
         for ax, by in zip(axes[:2], ("be", "tps")):
             ys = [tables[by][m][r]["mean"] for r in rows.regimes]
             es = [tables[by][m][r]["se"] for r in rows.regimes]
-            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, label=m)
+            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, label=m, color=color[m])
     axes[0].set(xlabel="single-token acceptance at the root (1 - TV)", ylabel="exact E[tau + 1], best i.i.d. shape",
                 title="Block efficiency vs acceptance")
     axes[1].set(xlabel="single-token acceptance at the root (1 - TV)", ylabel="E / T_hat (eq. 11), best i.i.d. shape",
@@ -406,8 +407,9 @@ def plot(rows: Rows, tables: dict[str, Any], achieved: dict[float, float], out: 
     top = rows.regimes[-1]
     for m in OT + ("traversal",):
         acc = depth_acceptance(rows, m, top, 4)
-        axes[2].plot(range(1, len(acc) + 1), acc, marker="o", label=f"{m} K=4")
-    axes[2].plot(range(1, L2_MAX + 1), depth_acceptance(rows, "naive_tree", top, 1), marker="x", ls="--", label="K=1 (naive)")
+        axes[2].plot(range(1, len(acc) + 1), acc, marker="o", label=f"{m} K=4", color=color[m])
+    axes[2].plot(range(1, L2_MAX + 1), depth_acceptance(rows, "naive_tree", top, 1), marker="x", ls="--",
+                 label="K=1 (naive)", color=color["naive"])
     axes[2].set(xlabel="depth d", ylabel="P(accepted >= d | >= d - 1)", title=f"Acceptance by depth, regime {top:g}")
     axes[2].legend(fontsize=7)
     fig.tight_layout()
