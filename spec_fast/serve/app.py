@@ -59,12 +59,23 @@ class _Server:
         self.worker = EngineWorker(load, on_step=lambda e: self.metrics.set_batch(e.num_running, e.num_waiting))
         self.in_flight = 0
         self.started = now()
+        self.accepting = True
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """From the signal handler: refuse new requests (503) and abort those in flight after ``grace_s``
+        seconds, so that every response ends with an error object instead of a cut connection."""
+        self.accepting = False
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.call_later, grace_s, self.worker.abort_all,
+                                      "the server shut down before the request finished")
 
     def ready_model(self) -> LoadedModel:
         model = self.worker.model
         if model is None or not self.worker.ready.is_set():
             raise APIError(503, "the model is loading", None, "model_loading")
-        if self.worker.finished.is_set():
+        if self.worker.finished.is_set() or not self.accepting:
             raise APIError(503, "the server is shutting down", None, "shutting_down")
         return model
 
@@ -126,6 +137,7 @@ def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server.loop = asyncio.get_running_loop()
         server.worker.start()
         watcher = asyncio.create_task(_watch_loading(server))
         try:
@@ -136,7 +148,7 @@ def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
                 print("spec-fast: the engine thread did not stop in time", file=sys.stderr)
 
     app = FastAPI(title="spec-fast", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = server
+    app.state.server = server  # the CLI calls server.begin_shutdown on SIGTERM
     install_error_handlers(app)
 
     @app.get("/health")

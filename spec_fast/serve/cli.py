@@ -120,11 +120,17 @@ def serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key, on_load_error=on_load_error)
     app = create_app(lambda: _load(settings, args.max_batch, args.max_queue, args.quiet), config)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_config=_log_config(args.quiet), lifespan="on",
-        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)) if args.shutdown_timeout else None,
-        timeout_keep_alive=5,
-    ))
+    grace_s = float(args.shutdown_timeout)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:  # the first signal: requests in flight get grace_s, then an error object
+                app.state.server.begin_shutdown(grace_s)
+            super().handle_exit(sig, frame)
+
+    # uvicorn's own deadline is a backstop behind ours (it cancels what is left, which logs tracebacks)
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=_log_config(args.quiet),
+                                   lifespan="on", timeout_graceful_shutdown=int(grace_s) + 5, timeout_keep_alive=5))
     # uvicorn re-raises the signal that stopped it once it has shut down; SIGTERM's default action would turn
     # a clean shutdown into death by signal, so SIGTERM is ignored from then on (exit status 0)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -99,6 +99,7 @@ class EngineWorker:
         self._commands: queue.SimpleQueue[tuple[str, Submission | None]] = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         self._stopping = threading.Event()
+        self._abort_reason = "aborted"
         self.ready = threading.Event()
         self.finished = threading.Event()
         self.model: LoadedModel | None = None
@@ -115,6 +116,11 @@ class EngineWorker:
         """The client is gone: drop the request (before it starts, or between two steps)."""
         submission.cancelled = True
         self._commands.put(("abort", submission))
+
+    def abort_all(self, reason: str) -> None:
+        """End every request in flight with :class:`EngineFailure` (``reason``), before the next step."""
+        self._abort_reason = reason
+        self._commands.put(("abort_all", None))
 
     def stop(self, timeout_s: float) -> bool:
         """Abort what is left and stop the thread; True if it ended within ``timeout_s``."""
@@ -155,10 +161,8 @@ class EngineWorker:
                 outputs = engine.step()
             except Exception as err:  # a bug of ours: the requests in flight fail, the server goes on
                 traceback.print_exception(err, file=sys.stderr)
-                for request_id, failed in list(self._live.items()):
-                    engine.abort(request_id)
-                    self._fail(failed, EngineFailure(f"the engine failed: {type(err).__name__}"))
-                self._live.clear()
+                self._abort_reason = f"the engine failed: {type(err).__name__}"
+                self._apply(model, "abort_all", None)
                 continue
             for output in outputs:
                 receiver = self._live.get(output.request_id)
@@ -176,15 +180,22 @@ class EngineWorker:
         except queue.Empty:
             return
         while True:
-            kind, submission = command
-            if kind == "add" and submission is not None:
-                self._add(model, submission)
-            elif kind == "abort" and submission is not None:
-                self._abort(model.engine, submission)
+            self._apply(model, *command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _apply(self, model: LoadedModel, kind: str, submission: Submission | None) -> None:
+        if kind == "add" and submission is not None:
+            self._add(model, submission)
+        elif kind == "abort" and submission is not None:
+            self._abort(model.engine, submission)
+        elif kind == "abort_all":
+            for request_id, aborted in list(self._live.items()):
+                model.engine.abort(request_id)
+                self._fail(aborted, EngineFailure(self._abort_reason))
+            self._live.clear()
 
     def _add(self, model: LoadedModel, submission: Submission) -> None:
         if submission.cancelled:

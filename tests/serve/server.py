@@ -43,6 +43,7 @@ class ServerProcess:
         self.log = tempfile.NamedTemporaryFile(prefix="spec-fast-serve-", suffix=".log", delete=False)
         self.proc: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
+        self._client: Any = None
         #: the /health statuses seen while starting (0: not listening yet, 503: loading, then 200)
         self.health_statuses: list[int] = []
 
@@ -73,11 +74,14 @@ class ServerProcess:
             time.sleep(0.05)
         raise AssertionError(f"the server was not healthy within {timeout_s} s:\n{self.output()}")
 
-    def client(self, **kwargs: Any) -> Any:
-        import openai
+    def client(self) -> Any:
+        """An ``openai.OpenAI`` client of this server (one, shared: it is thread-safe), without retries."""
+        if self._client is None:
+            import openai
 
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0,
-                             timeout=60.0, **kwargs)
+            self._client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused",
+                                         max_retries=0, timeout=60.0)
+        return self._client
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -110,6 +114,8 @@ class ServerProcess:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         try:
+            if self._client is not None:
+                self._client.close()
             if self.proc is not None and self.proc.poll() is None:
                 self.stop()
         finally:
