@@ -111,8 +111,7 @@ class _Server:
                                     self.metrics, self.worker.abort)
             if params.stream:
                 handed_over = True
-                return StreamingResponse(self._stream(generation), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return _EventStream(_events(generation), on_close=lambda: self._finish(generation))
             return JSONResponse(await generation.collect(request))
         finally:
             if not submission.admitted.done():  # cancelled while waiting for admission
@@ -120,16 +119,32 @@ class _Server:
             if not handed_over:
                 self.in_flight -= 1
 
-    async def _stream(self, generation: Generation) -> AsyncIterator[str]:
-        # the disconnect of a streaming client cancels this generator (Starlette listens for it): the finally
-        # below aborts the request before the engine's next step
+    def _finish(self, generation: Generation) -> None:
+        generation.close()
+        self.in_flight -= 1
+
+
+async def _events(generation: Generation) -> AsyncIterator[str]:
+    async for chunk in generation.stream():
+        yield sse(chunk)
+    yield "data: [DONE]\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that call ``on_close`` once the response ends, however it ends: completed, failed,
+    or cancelled because the client disconnected (Starlette cancels a streaming response on disconnect,
+    possibly before its first event, when a ``finally`` inside the generator would never run). ``on_close``
+    aborts an unfinished request before the engine's next step and frees its slot."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for chunk in generation.stream():
-                yield sse(chunk)
-            yield "data: [DONE]\n\n"
+            await super().__call__(scope, receive, send)
         finally:
-            generation.close()
-            self.in_flight -= 1
+            self.on_close()
 
 
 def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
