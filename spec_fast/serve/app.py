@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +22,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spec_fast.serve.errors import APIError, BodyLimit, error_body, install_error_handlers
+from spec_fast.serve.errors import APIError, BodyLimit, install_error_handlers, send_error
 from spec_fast.serve.generation import Generation, sse
 from spec_fast.serve.metrics import CONTENT_TYPE, ServeMetrics
-from spec_fast.serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerationParams, completion_id,
-                                      now)
+from spec_fast.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerationParams, now
 from spec_fast.serve.worker import Admission, EngineWorker, LoadedModel, Submission
 
 __all__ = ["ServeConfig", "create_app"]
@@ -250,7 +249,7 @@ class _Gate:
         try:
             key = self.server.config.api_key
             if key is not None and path.startswith("/v1/") and not _authorized(scope, key):
-                await _send_json(recording_send, 401, error_body(
+                await send_error(recording_send, APIError(
                     401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None, "invalid_api_key"))
                 return
             await self.app(scope, receive, recording_send)
@@ -262,12 +261,3 @@ def _authorized(scope: Scope, key: str) -> bool:
     header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
-async def _send_json(send: Callable[[Message], Awaitable[None]], status: int, body: dict[str, Any]) -> None:
-    import json
-
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})

@@ -12,7 +12,7 @@ pytest.importorskip("fastapi", reason="spec-fast serve needs the serve extra")
 openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
 
-from tests.serve.conftest import API_KEY, CONTEXT  # noqa: E402
+from tests.serve.conftest import CONTEXT  # noqa: E402
 from tests.serve.server import ServerProcess  # noqa: E402
 
 HELLO = [{"role": "user", "content": "hello"}]
