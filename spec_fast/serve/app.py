@@ -49,7 +49,7 @@ class ServeConfig:
     on_load_error: Callable[[BaseException], None] | None = None
 
 
-class _Server:
+class _ServerState:
     """What the routes share: the worker, the metrics and the count of requests in flight."""
 
     def __init__(self, load: Callable[[], LoadedModel], config: ServeConfig) -> None:
@@ -147,7 +147,7 @@ class _EventStream(StreamingResponse):
 
 
 def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
-    server = _Server(load, config)
+    server = _ServerState(load, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -215,7 +215,7 @@ def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
     return app
 
 
-async def _watch_loading(server: _Server) -> None:
+async def _watch_loading(server: _ServerState) -> None:
     """Tell the CLI once if the model failed to load (it then stops the server)."""
     while not server.worker.ready.is_set():
         if server.worker.finished.is_set() and server.worker.load_error is not None:
@@ -229,7 +229,7 @@ class _Gate:
     """ASGI middleware: the API key on ``/v1/`` routes (401 before the body is read) and the HTTP request
     counter of ``/metrics`` (by route and status)."""
 
-    def __init__(self, app: ASGIApp, server: _Server) -> None:
+    def __init__(self, app: ASGIApp, server: _ServerState) -> None:
         self.app = app
         self.server = server
 
