@@ -121,7 +121,8 @@ class Generation:
                 "usage": usage(self.admission.prompt_tokens, self.completion_tokens())}
 
     def _spec(self) -> dict[str, Any]:
-        return spec_stats(getattr(self.final, "stats", None), self.model.strategy, self.model.draft)
+        return spec_stats(getattr(self.final, "stats", None), self.model.strategy_label(self.submission.sampling),
+                          self.model.draft)
 
     # ------------------------------------------------------------------ server-sent events
     def _chunk(self, delta: str | None, finish_reason: str | None = None) -> dict[str, Any]:

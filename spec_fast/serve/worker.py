@@ -49,13 +49,13 @@ class BatchEngineLike(Protocol):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What the server runs: the engine, its tokenizer, the model's context length (0: unknown) and the
-    labels it reports (strategy, draft)."""
+    """What the server runs: the engine, its tokenizer, the model's context length (0: unknown), the
+    strategy label of a request's sampling parameters (``/greedy`` at temperature 0) and the draft's name."""
 
     engine: BatchEngineLike
     tokenizer: Any
     context_length: int
-    strategy: str
+    strategy_label: Callable[[Any], str]
     draft: str
 
 
