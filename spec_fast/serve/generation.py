@@ -96,14 +96,18 @@ class Generation:
     # ------------------------------------------------------------------ one JSON object
     async def collect(self, request: Request) -> dict[str, Any]:
         try:
+            checked = time.monotonic()
             while self.final is None:
                 try:
                     item = await asyncio.wait_for(self.submission.outputs.get(), _DISCONNECT_POLL_S)
                 except TimeoutError:
+                    item = None
+                if time.monotonic() - checked >= _DISCONNECT_POLL_S:  # outputs may come every step: look anyway
+                    checked = time.monotonic()
                     if await request.is_disconnected():  # nobody will read the answer: free the slot
                         return {}
-                    continue
-                self._take(item)
+                if item is not None:
+                    self._take(item)
             return self._response()
         finally:
             self.close()

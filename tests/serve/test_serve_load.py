@@ -165,6 +165,13 @@ def test_clients_that_disconnect_mid_stream_are_aborted_while_others_continue(ti
     assert not worker.is_alive() and [got[:3] for got in staying] == [reference[:3]] * 3
     wait_for(lambda: metric(tiny_server, "spec_fast:num_requests_running") == 0, timeout_s=10)
     assert waited < 5
+    # a client waiting for a whole (not streamed) reply that gives up is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tiny_server.base_url + "/v1/completions", headers=tiny_server.headers(), timeout=0.5, json={
+            "model": "tiny", "prompt": "abc", "max_tokens": 900, "temperature": 0})
+    waited = wait_for(lambda: metric(tiny_server, 'spec_fast:request_success_total{finished_reason="abort"}')
+                      >= aborted_before + 3, timeout_s=10)
+    assert waited < 5
     assert httpx.get(tiny_server.base_url + "/health").status_code == 200
 
 
