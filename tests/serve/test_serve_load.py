@@ -221,3 +221,5 @@ def test_a_full_queue_answers_429_at_once_and_sigterm_exits_cleanly(tiny_serve_m
             context.__exit__(None, None, None)
             client.close()
         assert "Traceback" not in server.output()
+        # diagnostics (start-up lines, the access log) go to stderr; stdout stays empty
+        assert '"POST /v1/completions HTTP/1.1" 429' in server.output() and server.stdout_text() == ""
