@@ -33,8 +33,12 @@ from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
 from spec_fast.engine import SpeculativeDecoder
 
-__all__ = ["BatchEngine", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS"]
+__all__ = ["BatchEngine", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS", "DEPTH_POLICIES"]
 
+#: ``cost``: each step's draft depth from the batch's size and the measured pass cost
+#: (:mod:`spec_fast.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
+#: same whatever shares its batch)
+DEPTH_POLICIES = ("cost", "fixed")
 #: why a request ended: EOS or a stop string, its ``max_new_tokens``, or :meth:`BatchEngine.abort`
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -130,7 +134,10 @@ class BatchEngine:
     ``max_batch_size``: the most requests decoded together; ``max_waiting``: the most requests waiting
     for a slot (None: unbounded; :class:`QueueFullError` beyond); ``tokenizer`` (optional): needed for stop
     strings and ``RequestOutput.text``; ``eos_token_id``: the end-of-sequence id(s) (default: the
-    tokenizer's, if any). ``static=True`` is what ``SpeculativeDecoder.generate`` uses: finished rows stay
+    tokenizer's, if any); ``depth_policy`` (:data:`DEPTH_POLICIES`): ``cost`` (the default) lets each
+    step's draft depth follow the batch (deep trees when alone, shallower or none when the batch fills the
+    pass: the output law is unchanged and a seeded run reproducible for the same arrival schedule),
+    ``fixed`` keeps the strategy's depth, so that a seeded request decodes exactly as alone. ``static=True`` is what ``SpeculativeDecoder.generate`` uses: finished rows stay
     in the batch until the last ends (their state remains readable), and requests are admitted only into
     an empty batch.
 
@@ -142,7 +149,7 @@ class BatchEngine:
 
     def __init__(self, decoder: SpeculativeDecoder, max_batch_size: int = 4, max_waiting: int | None = None,
                  tokenizer: Any | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 *, static: bool = False, record_trees: bool = False) -> None:
+                 *, depth_policy: str = "cost", static: bool = False, record_trees: bool = False) -> None:
         if not isinstance(decoder, SpeculativeDecoder):
             raise ValueError(f"decoder must be a SpeculativeDecoder, got {type(decoder).__name__}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -155,6 +162,8 @@ class BatchEngine:
         if isinstance(eos_token_id, bool) or not (eos_token_id is None or isinstance(eos_token_id, int) or all(
                 isinstance(t, int) and not isinstance(t, bool) for t in eos_token_id)):
             raise ValueError(f"eos_token_id must be None, an int or a sequence of ints, got eos_token_id={eos_token_id!r}")
+        if depth_policy not in DEPTH_POLICIES:
+            raise ValueError(f"depth_policy must be one of {DEPTH_POLICIES}, got depth_policy={depth_policy!r}")
         if not static and max_batch_size > 1:
             _check_row_operations(decoder.drafter)
         self.decoder = decoder
@@ -163,6 +172,7 @@ class BatchEngine:
         self.tokenizer = tokenizer
         self.eos: set[int] = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         self.static = static
+        self.depth_policy = depth_policy
         self.record_trees = record_trees
         #: the running batch (None when empty): row b is request ``self._rows[b]``
         self.state: DecodeState | None = None
@@ -291,6 +301,8 @@ class BatchEngine:
         joining = self.decoder.begin([r.prompt for r in admitted], [r.max_new_tokens for r in admitted],
                                      [r.sampling for r in admitted], [r.stream for r in admitted], self.eos,
                                      self.record_trees)
+        if self.depth_policy == "cost" and self.decoder.strategy.drafts:
+            joining.pass_cost = self.decoder.pass_cost()
         if self.state is None:
             self.state = joining
         else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_fast.adaptive import AdaptiveController
+from spec_fast.batch_depth import PassCost
 from spec_fast.commit import HeadTrack
 from spec_fast.decoding import SamplingParams
 from spec_fast.draws import STEP_STRIDE, RowStreams
@@ -64,6 +65,9 @@ class DecodeState:
     trees: list[FlatTree] | None = None
     #: ``--dual route-calibrated``: per-row calibration of draft probability to acceptance
     route_calibration: RouteCalibration | None = None
+    #: set: each step's depth is chosen from the batch's size and this measured cost
+    #: (:func:`spec_fast.batch_depth.choose_depth`); None: the strategy's depth
+    pass_cost: PassCost | None = None
     #: this step's deepest draft per row (:meth:`spec_fast.engine.SpeculativeDecoder.depth_caps`)
     depth_caps: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)

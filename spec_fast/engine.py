@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
-from spec_fast._sampling import _inverse_cdf
 from spec_fast.adaptive import AdaptiveController, match_hint
+from spec_fast.batch_depth import PassCost, choose_depth, measure_pass_cost
 from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.decode_state import DecodeState
-from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.decoding import SamplingParams
 from spec_fast.draws import DRAFT, VERIFY, stream_key
 from spec_fast.drafting import (
     DraftBatch, cap_rows, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
@@ -56,9 +56,9 @@ from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
 from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, draft_nde, load_nde_selector
 from spec_fast.prefill import prefill_drafter, prefill_target
-from spec_fast.rng import counter_uniforms
+from spec_fast.step_verify import VerifyStreams, batch_greedy, draft_law, most_draws, verify_rows, verify_sampled
 from spec_fast.strategies import Strategy
-from spec_fast.verify import uniforms_per_node, verify_greedy, verify_tree
+from spec_fast.verify import TreeVerifyOutput
 from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "DecodeState", "HeadTrack"]
@@ -113,9 +113,18 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         #: ``+adaptive`` controller for greedy calls, kept across calls (it never changes greedy tokens)
         self.controller = AdaptiveController() if strategy.adaptive else None
+        self._pass_costs: dict[int, PassCost] = {}
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
         )
+
+    def pass_cost(self) -> PassCost:
+        """The target's measured pass cost by (rows, tokens per row) (:mod:`spec_fast.batch_depth`), measured
+        on first use at the current torch thread count (a few seconds) and kept."""
+        threads = torch.get_num_threads()
+        if threads not in self._pass_costs:
+            self._pass_costs[threads] = measure_pass_cost(self.target, self.device)
+        return self._pass_costs[threads]
 
     @property
     def dual(self) -> DualDrafter | None:
@@ -267,8 +276,13 @@ class SpeculativeDecoder:
 
     def depth_caps(self, st: DecodeState) -> list[int]:
         """Row b's deepest draft this step: the strategy's depth, less where the row may emit fewer tokens
-        (a function of the row alone, so its tree does not depend on its neighbours)."""
-        return [max(0, min(self.strategy.depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
+        (a function of the row alone, so its tree does not depend on its neighbours); with
+        ``st.pass_cost``, at most the depth :func:`spec_fast.batch_depth.choose_depth` picks for the batch."""
+        depth = self.strategy.depth
+        if st.pass_cost is not None and self.strategy.drafts:
+            depth = choose_depth(st.pass_cost, sum(st.active), depth, st.metrics.depth_reached,
+                                 st.metrics.depth_accepted)
+        return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
                 for b in range(st.batch_size)]
 
     def step(self, st: DecodeState) -> list[list[int]]:
@@ -315,7 +329,7 @@ class SpeculativeDecoder:
             return draft_root_only(st.roots, strategy.process, self.device), None
         if self.dual is not None:
             dual = draft_dual(self.dual, st.heads, st.roots, depth_cap, strategy.shape == "chain", strategy.top_k,
-                              strategy.budget, _all_greedy(st), st.route_calibration, self.device)
+                              strategy.budget, batch_greedy(st), st.route_calibration, self.device)
             capped = cap_rows(dual.batch, caps)
             return capped, replace(dual, batch=capped)
         head = st.heads[0]
@@ -344,25 +358,6 @@ class SpeculativeDecoder:
         """The ``nde`` draft (:func:`spec_fast.nde.draft_nde`); a method so a test can wrap it."""
         assert self.selector is not None
         return draft_nde(st, head, self.selector, st.depth_caps, self._draft_law(st.samplings), self.device)
-
-    def _draft_law(self, samplings: Sequence[SamplingParams] | SamplingParams
-                   ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The distribution each row's drafter draws from (logits ``[B, F, V]`` -> ``[B, F, V]``): G(draft
-        logits) at T > 0; at T = 0 the draft law is irrelevant to verification, so a chain follows the
-        argmax and K paths sample ``softmax`` (distinct paths). One ``SamplingParams``: every row's."""
-        chain = self.strategy.shape == "chain"
-
-        def one(sampling: SamplingParams) -> Callable[[torch.Tensor], torch.Tensor]:
-            if not sampling.greedy:
-                return lambda logits: sampling_probs(logits, sampling)
-            if chain:
-                return lambda logits: torch.zeros_like(logits, dtype=torch.float32).scatter_(
-                    -1, logits.argmax(-1, keepdim=True), 1.0)
-            return lambda logits: torch.softmax(logits.float(), dim=-1)
-
-        if isinstance(samplings, SamplingParams):
-            return one(samplings)
-        return _per_row(samplings, one, greedy_apart=True)
 
     # ------------------------------------------------------------------ phase 2: target
     def _target_phase(self, st: DecodeState, draft: DraftBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -407,71 +402,26 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
                       target_logits: torch.Tensor) -> Verified:
-        """Greedy rows by the greedy walk; sampled rows whose tree is the root alone by one draw from G of
-        the target logits; the other sampled rows by ``verify_tree``, each with its own uniforms."""
-        tree = draft.tree
-        kinds = ["greedy" if s.greedy else "plain" if tree.num_slots == 1 or st.depth_caps[b] < 1 else "tree"
-                 for b, s in enumerate(st.samplings)]
-        if all(k == "greedy" for k in kinds):
-            out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
-            return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+        """Every row's verification (:func:`spec_fast.step_verify.verify_rows`)."""
         method = "nss" if dual is not None else self.strategy.verifier
-        per_node = max(1, uniforms_per_node(method, max(tree.max_draws, self._most_draws())))
-        # row b's node u reads counters u * per_node + m of its own verifier stream: the same numbers
-        # whatever else shares the batch
-        uniforms = counter_uniforms(st.verify_keys, st.verify_offsets(), (tree.batch_size, tree.num_slots, per_node),
-                                    self.device)
-        draft_probs = draft.draft_probs
-        if draft_probs is None:  # deterministic trees: NSS reads no q
-            draft_probs = torch.zeros(target_logits.shape, dtype=torch.float32, device=self.device)
 
-        def verify_rows(kind: str, index: torch.Tensor | None, samplings: list[SamplingParams]) -> Verified:
-            def rows(t: torch.Tensor) -> torch.Tensor:
-                return t if index is None else t.index_select(0, index)
-
-            sub = tree if index is None else FlatTree(rows(tree.tokens), rows(tree.parents), rows(tree.depths),
-                                                      rows(tree.draws), rows(tree.valid), tree.process)
-            logits = rows(target_logits)
-            if kind == "greedy":
-                out = verify_greedy(sub, logits, max_depth=draft.max_depth)
-                return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
-            if kind == "plain":
-                token = _inverse_cdf(self._target_probs(logits[:, 0], samplings), rows(uniforms)[:, 0, 0])
-                slots = torch.full((sub.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=self.device)
-                slots[:, 0] = 0
-                return Verified(slots, torch.zeros_like(token), token)
-            out = verify_tree(method, sub, self._target_probs(logits, samplings), rows(draft_probs), rows(uniforms),
-                              max_depth=draft.max_depth, validate=False)
+        def sampled(rows: DraftBatch, logits: torch.Tensor, draft_probs: torch.Tensor,
+                    samplings: list[SamplingParams], streams: VerifyStreams) -> Verified:
+            out, _ = self._verify_sampling(method, rows, logits, draft_probs, samplings, streams)
             return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
 
-        if all(k == kinds[0] for k in kinds):
-            return verify_rows(kinds[0], None, st.samplings)
-        slots = torch.full((tree.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=self.device)
-        depth = torch.zeros(tree.batch_size, dtype=torch.long, device=self.device)
-        token = torch.zeros(tree.batch_size, dtype=torch.long, device=self.device)
-        for kind in ("greedy", "plain", "tree"):
-            members = [b for b, k in enumerate(kinds) if k == kind]
-            if not members:
-                continue
-            index = torch.tensor(members, dtype=torch.long, device=self.device)
-            part = verify_rows(kind, index, [st.samplings[b] for b in members])
-            slots[index] = part.accepted_slots
-            depth[index] = part.accepted_depth
-            token[index] = part.next_token
-        return Verified(slots, depth, token)
+        return verify_rows(st, draft, target_logits, sampled)
 
-    def _target_probs(self, logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:
-        """G(logits) with row b's parameters (``logits [B, ..., V]``)."""
-        return _per_row(samplings, lambda s: lambda x: sampling_probs(x, s), greedy_apart=False)(logits)
+    def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
+                         draft_probs: torch.Tensor, sampling: Sequence[SamplingParams], offset: VerifyStreams
+                         ) -> tuple[TreeVerifyOutput, VerifyStreams]:
+        """:func:`spec_fast.step_verify.verify_sampled` for this strategy (a method so a test can wrap it)."""
+        return verify_sampled(method, most_draws(self.strategy), draft, target_logits, draft_probs, sampling, offset)
 
-    def _most_draws(self) -> int:
-        """The most draws a node of this strategy's trees has (fixes the verifier's uniforms per node)."""
-        strategy = self.strategy
-        if strategy.shape in ("iid", "delayed", "nde"):
-            return strategy.num_paths
-        if strategy.shape == "topk":
-            return strategy.top_k
-        return 1
+    def _draft_law(self, samplings: Sequence[SamplingParams] | SamplingParams
+                   ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:func:`spec_fast.step_verify.draft_law` of this strategy."""
+        return draft_law(samplings, self.strategy.shape == "chain")
 
     # ------------------------------------------------------------------ phase 4: commit
     def _commit_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None, verified: Verified,
@@ -548,40 +498,6 @@ class SpeculativeDecoder:
                 counts = [len(k) for k in keep_d[h]]
                 head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
                                     is_block_prefix(keep_d[h], counts, aligned(head.state)))
-
-
-def _all_greedy(st: DecodeState) -> bool:
-    """Whether the batch is greedy, for parts that decide for the whole batch (a ``ValueError`` when its
-    rows mix greedy and sampled requests)."""
-    greedy = {s.greedy for s in st.samplings}
-    if len(greedy) > 1:
-        raise ValueError("this strategy cannot mix greedy and sampled requests in one batch")
-    return greedy.pop()
-
-
-def _per_row(samplings: Sequence[SamplingParams],
-             make: Callable[[SamplingParams], Callable[[torch.Tensor], torch.Tensor]], greedy_apart: bool
-             ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of ``[B, ..., V]`` logits applying ``make(samplings[b])`` to row b (one call per group of
-    rows with the same law parameters; seeds do not matter)."""
-    groups: dict[tuple[bool, float, int, float], list[int]] = {}
-    for b, s in enumerate(samplings):
-        groups.setdefault((s.greedy and greedy_apart, s.temperature, s.top_k, s.top_p), []).append(b)
-    if len(groups) == 1:
-        return make(samplings[0])
-
-    def apply(logits: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor | None = None
-        for members in groups.values():
-            index = torch.tensor(members, dtype=torch.long, device=logits.device)
-            part = make(samplings[members[0]])(logits.index_select(0, index))
-            if out is None:
-                out = torch.zeros(logits.shape, dtype=part.dtype, device=logits.device)
-            out[index] = part
-        assert out is not None
-        return out
-
-    return apply
 
 
 def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -56,11 +56,11 @@ def schedule(seed: int, sampled: bool, greedy: bool) -> list[Arrival]:
     return arrivals
 
 
-def run(decoder: SpeculativeDecoder, arrivals: list[Arrival], max_batch_size: int = 3
+def run(decoder: SpeculativeDecoder, arrivals: list[Arrival], max_batch_size: int = 3, depth_policy: str = "fixed"
         ) -> tuple[dict[int, list[int]], dict[int, str], int]:
     """Drive an engine through ``arrivals``; returns each request's tokens and finish reason (by arrival
     index) and the largest number of requests that ran together."""
-    engine = BatchEngine(decoder, max_batch_size=max_batch_size)
+    engine = BatchEngine(decoder, max_batch_size=max_batch_size, depth_policy=depth_policy)
     ids: dict[int, int] = {}
     tokens: dict[int, list[int]] = {}
     reasons: dict[int, str] = {}
@@ -156,7 +156,7 @@ def test_negative_control_one_stream_shared_by_the_batch_makes_sampled_requests_
 
 
 def test_requests_beyond_the_batch_wait_and_a_finished_or_aborted_one_frees_its_slot_at_once() -> None:
-    engine = BatchEngine(decoder_for("chain:3"), max_batch_size=2, max_waiting=3)
+    engine = BatchEngine(decoder_for("chain:3"), max_batch_size=2, max_waiting=3, depth_policy="fixed")
     ids = [engine.add_request(p, SamplingParams(), 6) for p in PROMPTS[:3]]
     with pytest.raises(QueueFullError):
         engine.add_request(PROMPTS[4], SamplingParams(), 6)
@@ -220,3 +220,60 @@ def test_a_drafter_without_row_operations_is_refused_for_a_running_batch() -> No
     with pytest.raises(ValueError, match="cannot change the rows"):
         BatchEngine(decoder_for("chain:3", drafter=Fixed()), max_batch_size=2)
     BatchEngine(decoder_for("chain:3", drafter=Fixed()), max_batch_size=1)  # one at a time needs none
+
+
+def test_stop_strings_cut_the_text_and_tokens_and_running_texts_only_grow(tiny_chat_model_dir: str) -> None:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
+    model = LlamaForCausalLM.from_pretrained(tiny_chat_model_dir).eval()
+    decoder = SpeculativeDecoder(model, EarlyExitDrafter(model, 2), parse_strategy("chain:3"))
+    prompt = tokenizer("<user>hi\n<assistant>")["input_ids"]
+
+    def drive(stop: tuple[str, ...], other: bool) -> tuple[list[RequestOutput], list[RequestOutput]]:
+        engine = BatchEngine(decoder, max_batch_size=2, tokenizer=tokenizer)
+        rid = engine.add_request(prompt, SamplingParams(), 16, stop=stop)
+        if other:  # a neighbour without stop strings
+            engine.add_request(prompt[:-2], SamplingParams(temperature=1.0, seed=4), 16)
+        mine, theirs = [], []
+        while engine.has_unfinished():
+            for out in engine.step():
+                (mine if out.request_id == rid else theirs).append(out)
+        return mine, theirs
+
+    full, _ = drive((), False)
+    text = str(full[-1].text)
+    tokens = [t for o in full for t in o.new_tokens]
+    assert text == tokenizer.decode(tokens, skip_special_tokens=True) and full[-1].finish_reason == "length"
+    stop = text[5:7]
+    cut = text.index(stop)
+    stopped, neighbour = drive(("zzz", stop), True)
+    assert stopped[-1].finished and stopped[-1].finish_reason == "stop" and stopped[-1].text == text[:cut]
+    got = [t for o in stopped for t in o.new_tokens]
+    assert got == tokens[: len(got)] and stop in tokenizer.decode(got) and stop not in tokenizer.decode(got[:-1])
+    assert stopped[-1].stats.generated_tokens == len(got)
+    texts = [str(o.text) for o in stopped]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+    assert neighbour[-1].finish_reason == "length" and neighbour[-1].stats.generated_tokens == 16
+
+
+def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_the_batch_fills_them() -> None:
+    from spec_fast.batch_depth import PassCost, choose_depth
+
+    # alone, a pass over 4 tokens costs 1.3x one over 1; with 8 rows every token costs its full share
+    cost = PassCost({(r, t): (1.0 + 0.1 * (t - 1)) if r == 1 else float(t) for r in (1, 8) for t in (1, 2, 3, 4)})
+    reached, accepted = [100, 80, 60], [80, 60, 40]  # acceptance 0.8, 0.75, 0.67
+    assert choose_depth(cost, 1, 3, reached, accepted) == 3
+    assert choose_depth(cost, 8, 3, reached, accepted) == 0
+    assert choose_depth(cost, 1, 3, [100], [0]) == 0  # nothing accepted at depth 1: plain steps
+    assert cost(4, 2) == cost(8, 2) and cost(16, 9) == 2 * cost(8, 4)
+
+
+def test_with_the_cost_policy_greedy_requests_decode_as_alone_and_a_seeded_schedule_repeats() -> None:
+    decoder = decoder_for("chain:3")
+    arrivals = schedule(seed=9, sampled=True, greedy=True)
+    first = run(decoder, arrivals, depth_policy="cost")
+    assert run(decoder, arrivals, depth_policy="cost")[:2] == first[:2]
+    for i, arrival in enumerate(arrivals):
+        if arrival.sampling.greedy and first[1][i] == "length":
+            assert first[0][i] == alone(decoder, arrival)
