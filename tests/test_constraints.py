@@ -15,7 +15,7 @@ from packaging.version import Version
 from spec_fast._hf_compat import cache_keyword
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ("fast", "test", "bench")
+EXTRAS = ("fast", "test", "bench", "serve")
 
 
 def _canonical(name: str) -> str:
