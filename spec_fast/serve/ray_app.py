@@ -7,6 +7,7 @@ Differences from the single process, all in how Ray runs it:
   model that fails to load fails the replica, with its error line in the deployment's status);
 * Ray's router sends a replica up to ``max_batch + max_queue + 1`` requests at once, one more than the app
   admits, so the app's own admission control still answers the overflow with its 429 error object;
+* every response carries an ``x-spec-fast-replica`` header naming the replica that made it;
 * ``check_health`` fails once the engine thread has stopped, and Ray replaces the replica;
 * Ray gives a replica ``--shutdown-timeout`` seconds to finish its requests before it stops it.
 """
@@ -23,8 +24,10 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spec_fast.serve.app import ServeConfig, create_app
+from spec_fast.serve.ray_cli import REPLICA_HEADER
 from spec_fast.settings import GenerateSettings
 
 __all__ = ["ReplicaSpec", "SpecFastReplica", "build_application", "DEPLOYMENT_NAME"]
@@ -75,6 +78,7 @@ class SpecFastReplica:
                                                     max_queue=spec.max_queue, api_key=spec.api_key))
         self._server = app.state.server
         _start_when_engine_ready(app)
+        app.add_middleware(_ReplicaHeader, replica=serve.get_replica_context().replica_id.unique_id)
         return app
 
     def check_health(self) -> None:
@@ -101,6 +105,23 @@ def _start_when_engine_ready(app: FastAPI) -> None:
             yield state
 
     app.router.lifespan_context = lifespan
+
+
+class _ReplicaHeader:
+    """ASGI middleware: every response names the replica that made it (``x-spec-fast-replica``), so that an
+    operator (and the tests) can see how Ray spread the requests; the body is the single server's."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header if scope["type"] == "http" else send)
 
 
 def build_application(spec: ReplicaSpec, replicas: int | None, autoscale: tuple[int, int] | None) -> Application:

@@ -22,8 +22,10 @@ from typing import Any
 
 from spec_fast.settings import GenerateSettings, SettingError
 
-__all__ = ["add_ray_flags", "check_ray_flags", "serve_ray", "RayOptions"]
+__all__ = ["add_ray_flags", "check_ray_flags", "serve_ray", "RayOptions", "REPLICA_HEADER"]
 
+#: the response header that names the replica which answered (added by the deployment, spec_fast/serve/ray_app.py)
+REPLICA_HEADER = "x-spec-fast-replica"
 #: the Ray Serve application's name (``serve status`` shows it; the CLI deletes it on exit)
 APP_NAME = "spec-fast"
 _FLAGS_NEEDING_RAY = ("replicas", "ray_address", "autoscale")
@@ -94,10 +96,11 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
     """Deploy the replicas, wait for them, then serve until SIGTERM or Ctrl-C; the exit status."""
     # Ray reports usage statistics over the network unless told not to; a server should not phone home
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if options.address is None:
-        # a local instance serves this machine only: Ray's single-machine mode (its default on macOS and
-        # Windows) gives the node the loopback address, where on Linux Ray would pick the address that routes
-        # outwards and listen there; read by Ray when it is imported
+    if options.address is None or _is_loopback(options.address):
+        # a local instance, or a cluster on the loopback address, serves this machine only: Ray's
+        # single-machine mode (its default on macOS and Windows) keeps the node on the loopback address,
+        # where on Linux Ray would replace it by the address that routes outwards and listen and connect
+        # there; read by Ray when it is imported
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
@@ -171,6 +174,11 @@ def _local_ray_options(options: RayOptions, settings: GenerateSettings) -> dict[
     threads = int(settings.threads or 1)
     return {"num_cpus": max(os.cpu_count() or 1, options.most_replicas * threads), "include_dashboard": False,
             "object_store_memory": 100 * 1024 * 1024, "logging_level": logging.WARNING, "configure_logging": True}
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    return host == "localhost" or host.startswith("127.")
 
 
 def _export_source_root() -> None:
