@@ -33,8 +33,13 @@ _EXPORTS: dict[str, str] = {
     "early_exit_model": "spec_fast.drafts.model",
     "GenerationResult": "spec_fast.engine",
     "SamplingParams": "spec_fast.decoding",
-    "DecodeState": "spec_fast.engine",
+    "DecodeState": "spec_fast.decode_state",
     "SpeculativeDecoder": "spec_fast.engine",
+    # continuous batching: requests that join and leave a running batch
+    "BatchEngine": "spec_fast.batch_engine",
+    "RequestOutput": "spec_fast.batch_engine",
+    "RequestStats": "spec_fast.batch_engine",
+    "QueueFullError": "spec_fast.batch_engine",
     "verify_greedy": "spec_fast.verify",
     # dual drafts (seed 000 routing, seed 001 merged tree)
     "DualDrafter": "spec_fast.drafts.dual",
@@ -60,6 +65,7 @@ __all__ = ["FlatTree", "decoding_operator", "counter_uniforms", "METHODS", "Tree
     "draw_uniforms", "uniforms_per_node", "verify_tree", "solver_sample", "solver_branching",
     "solver_acceptance", "Drafter", "EarlyExitDrafter", "ModelDrafter", "early_exit_model",
     "GenerationResult", "SamplingParams", "DecodeState", "SpeculativeDecoder", "verify_greedy", "DualDrafter",
+    "BatchEngine", "RequestOutput", "RequestStats", "QueueFullError",
     "TreeKVCache",
     "GenerationMetrics", "chat_prompt_ids", "load_model", "Strategy", "parse_strategy", "DRAFT_NAMES",
     "FeatureHead", "HeadDrafter", "load_distilled", "load_drafter", "load_head", "generate", "Completion"]
@@ -70,6 +76,7 @@ __getattr__, __dir__ = lazy_exports("spec_fast", _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from spec_fast.api import Completion, generate
+    from spec_fast.batch_engine import BatchEngine, QueueFullError, RequestOutput, RequestStats
     from spec_fast.decoding import SamplingParams, decoding_operator
     from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
     from spec_fast.drafts.dual import DualDrafter

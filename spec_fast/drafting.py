@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from spec_fast.draws import RowStreams, categorical
 from spec_fast.drafts.model import Drafter
 from spec_fast.flat_tree import FlatTree
 from spec_ref.dynatree import DynaTreeParams, branch_count, expands
@@ -43,6 +44,8 @@ __all__ = [
     "draft_topk_tree",
     "draft_dynatree",
     "ranked_tokens",
+    "row_depths",
+    "cap_rows",
 ]
 
 #: ``[B, F, V]`` draft logits -> ``[B, F, V]`` float32 law the drafter samples from (the engine's choice)
@@ -179,6 +182,30 @@ def pending_forward(drafter: Drafter, state: Any, pending: Sequence[Sequence[int
     return drafter.forward(state, ptoks.to(device), ppar.to(device))[:, -1:], width
 
 
+def row_depths(depth: int | Sequence[int], batch: int) -> list[int]:
+    """A builder's ``depth`` argument as one depth per row (an int: every row the same)."""
+    return [int(depth)] * batch if isinstance(depth, int) else [int(d) for d in depth]
+
+
+def cap_rows(draft: DraftBatch, depths: Sequence[int]) -> DraftBatch:
+    """``draft`` with row b cut to its nodes of depth ``<= depths[b]`` (the rest invalid, the draws of its
+    new leaves removed): the tree the row would have drafted to that depth, for builders whose levels do
+    not depend on deeper ones (chains; dual heads' top-1 chains)."""
+    if all(d >= draft.max_depth for d in depths):
+        return draft
+    tree = draft.tree
+    cap = torch.tensor(list(depths), dtype=torch.long, device=tree.depths.device).unsqueeze(1)  # [B, 1]
+    valid = tree.valid & (tree.depths <= cap)
+    leaf = tree.depths >= cap
+    draws = torch.where(leaf.unsqueeze(2), torch.full_like(tree.draws, -1), tree.draws)
+    probs = draft.draft_probs
+    if probs is not None:
+        probs = probs * (~leaf).unsqueeze(2).to(probs.dtype)
+    capped = FlatTree(tree.tokens, tree.parents, tree.depths, draws, valid, tree.process)
+    return DraftBatch(capped, probs, draft.confidences, draft.entries, draft.tokens_in, draft.pending_width,
+                      draft.max_depth)
+
+
 def draft_root_only(roots: Sequence[int], process: str, device: torch.device) -> DraftBatch:
     """No draft (a plain step): the root alone."""
     batch = len(roots)
@@ -200,13 +227,13 @@ def draft_root_only(roots: Sequence[int], process: str, device: torch.device) ->
 
 def draft_chain(
     drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
-    draft_law: DraftLaw, greedy: bool, generator: torch.Generator, device: torch.device,
+    draft_law: DraftLaw, streams: RowStreams, device: torch.device,
 ) -> DraftBatch:
     """A single path of ``depth`` draft tokens, drafted without reading anything back to the host.
 
-    Argmax of the law when ``greedy``, else one ``multinomial`` draw per row and level from ``generator``
-    (the draws :func:`draft_iid_tree` with K = 1 makes); the shape is known in advance, so the tree is
-    assembled from device tensors.
+    One inverse-CDF draw per row and level from the row's stream (the draws :func:`draft_iid_tree` with
+    K = 1 makes; a one-hot law, the greedy chain's, gives its argmax); the shape is known in advance, so
+    the tree is assembled from device tensors. Cut rows to shorter depths with :func:`cap_rows`.
     """
     batch = len(pending)
     logits, width = pending_forward(drafter, state, pending, device)
@@ -215,10 +242,7 @@ def draft_chain(
     entries = [width - 1]
     for level in range(depth):
         q = draft_law(logits)[:, 0]
-        if greedy:  # one-hot q: the draw is its argmax
-            token = q.argmax(dim=-1)
-        else:
-            token = torch.multinomial(q, 1, replacement=True, generator=generator).squeeze(1)
+        token = categorical(q, streams.uniforms(level, 1)).squeeze(1)
         tokens.append(token)
         qs.append(q)
         if level + 1 >= depth:
@@ -263,17 +287,20 @@ def _forward_frontier(drafter: Drafter, state: Any, trees: list[RowTree], fronti
 
 
 def draft_delayed_tree(
-    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
-    num_paths: int, trunk: int, draft_law: DraftLaw, generator: torch.Generator, device: torch.device,
-    root: tuple[torch.Tensor, int] | None = None, root_law: torch.Tensor | None = None,
+    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int],
+    depth: int | Sequence[int], num_paths: int, trunk: int, draft_law: DraftLaw, streams: RowStreams,
+    device: torch.device, root: tuple[torch.Tensor, int] | None = None, root_law: torch.Tensor | None = None,
 ) -> DraftBatch:
     """Delayed (K, L1, L2) tree (seed 002 (docs/papers.md) Def. 5.2): ``trunk`` = L1 tokens drawn one at a time, then
     ``num_paths`` = K i.i.d. branches to ``depth``; children merged by token, draw order kept (the draws
     of :func:`spec_ref.draft_delayed_tree`). ``trunk = 0`` is the i.i.d. K x L tree. ``root``: the
     ``(root_logits [B, 1, V], width)`` of a :func:`pending_forward` the caller already ran (the NDE
     selector reads them before it picks the shape); ``root_law [B, 1, V]``: ``draft_law`` of those root
-    logits when the caller has it already."""
+    logits when the caller has it already. ``depth`` may be one depth per row (a row stops growing at its
+    own; its draws do not depend on the other rows')."""
     batch = len(pending)
+    depths = row_depths(depth, batch)
+    depth = max(depths)
     logits, width = root if root is not None else pending_forward(drafter, state, pending, device)
     trees = [RowTree(width - 1) for _ in range(batch)]
     frontier: list[list[int]] = [[0] for _ in range(batch)]
@@ -284,10 +311,13 @@ def draft_delayed_tree(
         q = root_law if level == 0 and root_law is not None else draft_law(logits)  # [B, F, V]
         fmax = q.shape[1]
         draws_needed = 1 if level < trunk else num_paths
-        samples = torch.multinomial(q.reshape(batch * fmax, -1), draws_needed, replacement=True, generator=generator)
+        uniforms = streams.uniforms(level, fmax * draws_needed).reshape(batch * fmax, draws_needed)
+        samples = categorical(q.reshape(batch * fmax, -1), uniforms)
         drawn: list[list[list[int]]] = samples.reshape(batch, fmax, draws_needed).tolist()
         new_frontier: list[list[int]] = [[] for _ in range(batch)]
         for b, tr in enumerate(trees):
+            if level >= depths[b]:
+                continue
             for f, node in enumerate(frontier[b]):
                 q_of[b][node] = q[b, f]
                 if level < trunk:
@@ -310,20 +340,23 @@ def draft_delayed_tree(
 
 def draft_iid_tree(
     drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
-    num_paths: int, draft_law: DraftLaw, generator: torch.Generator, device: torch.device,
+    num_paths: int, draft_law: DraftLaw, streams: RowStreams, device: torch.device,
 ) -> DraftBatch:
     """K i.i.d. paths of ``depth`` tokens (:func:`spec_ref.draft_iid_tree`)."""
-    return draft_delayed_tree(drafter, state, pending, roots, depth, num_paths, 0, draft_law, generator, device)
+    return draft_delayed_tree(drafter, state, pending, roots, depth, num_paths, 0, draft_law, streams, device)
 
 
 def draft_topk_tree(
-    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
-    top_k: int, budget: int, device: torch.device,
+    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int],
+    depth: int | Sequence[int], top_k: int, budget: int, device: torch.device,
 ) -> DraftBatch:
     """Budgeted top-k tree (EAGLE-2; the decisions of :func:`spec_ref.draft_topk_tree`): every frontier
     node proposes its ``top_k`` most probable tokens under ``softmax(draft logits)``, and the best
-    ``budget`` nodes by confidence, closed under ancestors, survive each level. Deterministic."""
+    ``budget`` nodes by confidence, closed under ancestors, survive each level. Deterministic. ``depth``
+    may be one depth per row (a row stops growing at its own)."""
     batch = len(pending)
+    depths = row_depths(depth, batch)
+    depth = max(depths)
     logits, width = pending_forward(drafter, state, pending, device)
     trees = [RowTree(width - 1) for _ in range(batch)]
     frontier: list[list[int]] = [[0] for _ in range(batch)]
@@ -334,6 +367,9 @@ def draft_topk_tree(
         tv, ti = top_vals.tolist(), top_ids.tolist()
         new_frontier: list[list[int]] = [[] for _ in range(batch)]
         for b, tr in enumerate(trees):
+            if level >= depths[b]:
+                new_frontier[b] = []
+                continue
             for f, node in enumerate(frontier[b]):
                 q_of[b][node] = q[b, f]
                 for val, tok in zip(tv[b][f], ti[b][f]):
@@ -352,8 +388,8 @@ def draft_topk_tree(
 
 
 def draft_dynatree(
-    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
-    params: Sequence[DynaTreeParams], active: Sequence[bool], device: torch.device,
+    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int],
+    depth: int | Sequence[int], params: Sequence[DynaTreeParams], active: Sequence[bool], device: torch.device,
 ) -> tuple[DraftBatch, list[int]]:
     """DynaTree drafting (the decisions of :func:`spec_ref.draft_dynatree`), one draft pass per level.
 
@@ -361,9 +397,11 @@ def draft_dynatree(
     ``depth`` (tokens left) lowers D_max for this step only. The reference pops a FIFO frontier; all nodes
     of one depth precede the next depth in it, so expanding level by level in creation order makes the
     same decisions. The budget is checked node by node as in the reference. Returns the batch and each
-    row's tree depth (the history's ``pending_depth``).
+    row's tree depth (the history's ``pending_depth``). ``depth`` may be one depth per row.
     """
     batch = len(pending)
+    depths = row_depths(depth, batch)
+    depth = max(depths)
     logits, width = pending_forward(drafter, state, pending, device)
     q = torch.softmax(logits.float(), dim=-1)  # [B, 1, V]
     u0 = q[:, 0].argmax(dim=-1).tolist()  # first maximum = lowest id on ties
@@ -372,6 +410,9 @@ def draft_dynatree(
     size = [1] * batch
     level: list[list[int]] = []
     for b, tr in enumerate(trees):
+        if depths[b] < 1:
+            level.append([])
+            continue
         tr.draws[0].append(u0[b])
         level.append([tr.add(0, u0[b], [], p0[b])])
     tree_depth = 1  # DraftTree depth of `level`; seed depth d(u) = tree_depth - 1
@@ -380,7 +421,7 @@ def draft_dynatree(
         for b, tr in enumerate(trees):
             prm = params[b]
             rows = []
-            if active[b] and size[b] < prm.node_budget:
+            if active[b] and size[b] < prm.node_budget and tree_depth < depths[b]:
                 rows = [u for u in level[b] if expands(prm, tr.score[u], tree_depth - 1)]
             expand.append(rows)
         if not any(expand):

@@ -1,90 +1,67 @@
 """SpeculativeDecoder: the step loop of speculative decoding over HF causal LMs (tree attention, KV caches).
 
-One step, batched over ``B`` rows (each row = one prompt), one method per phase:
+One step, batched over ``B`` rows (each row = one request), one method per phase:
 
 1. **draft** (:meth:`SpeculativeDecoder._draft_phase`): each drafter first consumes the row's *pending*
    tokens (committed tokens its cache lacks, ending with the *root token*, the last committed token), then
    a :mod:`spec_fast.drafting` builder grows the tree; a :class:`~spec_fast.drafts.dual.DualDrafter` drafts with
-   both heads and merges or routes their trees (:mod:`spec_fast.drafts.dual`).
+   both heads and merges or routes their trees (:mod:`spec_fast.drafts.dual`). Row b's tree is at most
+   ``min(depth, tokens it may still emit - 1)`` deep, whatever the other rows need.
 2. **target** (:meth:`~SpeculativeDecoder._target_phase`): one batched pass over the whole tree (slot 0 =
    root token, then the drafted nodes) with the ancestor mask and depth positions -> logits ``[B, N, V]``.
-   The prefill runs the whole prompt, so the first step takes the root's logits from it and forwards the
-   drafted nodes only: N generated tokens by plain decoding cost the prefill plus N - 1 passes, as HF
+   The prefill runs the whole prompt, so a row's first step takes the root's logits from it and forwards
+   the drafted nodes only: N generated tokens by plain decoding cost the prefill plus N - 1 passes, as HF
    ``generate``.
-3. **verify** (:meth:`~SpeculativeDecoder._verify_phase`): :func:`spec_fast.verify.verify_greedy` at
-   temperature 0 (docs/algorithms.md section 8), else :func:`spec_fast.verify.verify_tree` with
-   ``target_probs = G(target logits)`` and ``draft_probs`` = the very tensor the drafts were sampled from.
+3. **verify** (:meth:`~SpeculativeDecoder._verify_phase`): :func:`spec_fast.verify.verify_greedy` for rows
+   at temperature 0 (docs/algorithms.md section 8), else :func:`spec_fast.verify.verify_tree` with
+   ``target_probs = G(target logits)`` (each row its own G) and ``draft_probs`` = the very tensor the
+   drafts were sampled from.
 4. **commit** (:meth:`~SpeculativeDecoder._commit_phase`): target and draft caches keep exactly the
    accepted path by gathering its entries in place (:meth:`spec_fast.kv_cache.TreeKVCache.commit`);
    nothing accepted is re-run; a drafter lacking entries of the path gets them as pending tokens.
 
-All per-call state lives in a :class:`DecodeState` made by ``generate``; the decoder holds the models, the
-strategy and (``+adaptive``) the greedy speed controller, whose choices never change greedy tokens. One
-decoder may serve several threads at once.
+All per-request state lives in a :class:`~spec_fast.decode_state.DecodeState`, whose rows may change between
+steps (:class:`spec_fast.batch_engine.BatchEngine` adds and removes requests); the decoder holds the models,
+the strategy and (``+adaptive``) the greedy speed controller, whose choices never change greedy tokens. One
+decoder may serve several threads at once, each with its own state.
 
-Randomness (temperature > 0): draft draws come from a ``torch.Generator`` seeded with ``seed``; the
-verifier's uniforms are ``counter_uniforms(seed + 1, offset)`` with a per-step offset, so a fixed seed
-reproduces the output exactly.
+Randomness (temperature > 0): every draw of a row comes from its own counter-based streams
+(:mod:`spec_fast.draws`), keyed by the request's seed and advanced by its own steps, so a fixed seed
+reproduces a request's output exactly, whatever else shares its batch (under a fixed strategy).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from spec_fast.adaptive import AdaptiveController, match_hint
+from spec_fast.batch_depth import PassCost, choose_depth, measure_pass_cost
 from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
-from spec_fast.decoding import SamplingParams, sampling_probs
-from spec_fast.drafts.model import Drafter
+from spec_fast.decode_state import DecodeState
+from spec_fast.decoding import SamplingParams
+from spec_fast.draws import DRAFT, VERIFY, stream_key
 from spec_fast.drafting import (
-    DraftBatch, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
+    DraftBatch, cap_rows, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
 from spec_fast.drafts.dual import DualDraft, DualDrafter, RouteCalibration, observe_committed
 from spec_fast.drafts.dual_drafting import draft_dual, finish_for_calibration
+from spec_fast.drafts.model import Drafter
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
 from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, draft_nde, load_nde_selector
 from spec_fast.prefill import prefill_drafter, prefill_target
-from spec_fast.rng import counter_uniforms
+from spec_fast.step_verify import VerifyStreams, batch_greedy, draft_law, most_draws, verify_rows, verify_sampled
 from spec_fast.strategies import Strategy
-from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
+from spec_fast.verify import TreeVerifyOutput
 from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "DecodeState", "HeadTrack"]
-
-
-@dataclass
-class DecodeState:
-    """Everything one ``generate`` call changes (caches, RNG streams, controller choice, metrics)."""
-
-    sampling: SamplingParams
-    max_new_tokens: int
-    eos: set[int]
-    target_cache: TreeKVCache
-    heads: list[HeadTrack]
-    generator: torch.Generator
-    metrics: GenerationMetrics
-    controller: AdaptiveController | None
-    wants_hidden: bool
-    roots: list[int]
-    outputs: list[list[int]]
-    committed: list[list[int]]
-    active: list[bool]
-    dyna_history: list[DynaTreeHistory]
-    root_logits: torch.Tensor | None = None
-    #: ``nde``: the target's (logits ``[B, V]``, final hidden state ``[B, H]``) at the token before the root
-    nde_previous: tuple[torch.Tensor, torch.Tensor] | None = None
-    root_hidden: torch.Tensor | None = None
-    uniform_offset: int = 0
-    steps: int = 0
-    trees: list[FlatTree] | None = None
-    #: ``--dual route-calibrated``: this call's per-row calibration of draft probability to acceptance
-    route_calibration: RouteCalibration | None = None
 
 
 @dataclass
@@ -136,30 +113,49 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         #: ``+adaptive`` controller for greedy calls, kept across calls (it never changes greedy tokens)
         self.controller = AdaptiveController() if strategy.adaptive else None
+        self._pass_costs: dict[int, PassCost] = {}
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
         )
+
+    def pass_cost(self) -> PassCost:
+        """The target's measured pass cost by (rows, tokens per row) (:mod:`spec_fast.batch_depth`), measured
+        on first use at the current torch thread count (a few seconds) and kept."""
+        threads = torch.get_num_threads()
+        if threads not in self._pass_costs:
+            self._pass_costs[threads] = measure_pass_cost(self.target, self.device)
+        return self._pass_costs[threads]
 
     @property
     def dual(self) -> DualDrafter | None:
         return self.drafter if isinstance(self.drafter, DualDrafter) else None
 
     def _check_inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got max_new_tokens={max_new_tokens!r}")
         if len(prompts) == 0:
             raise ValueError("prompts must hold at least one prompt, got an empty batch")
         for b, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {b} is empty: give at least one token")
-            bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt {b} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
-            if self.context_length and len(prompt) + max_new_tokens > self.context_length:
-                raise ValueError(
-                    f"prompt {b} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
-                    f"the model context of {self.context_length} tokens"
-                )
+            self.check_request(prompt, max_new_tokens, name=f"prompt {b}")
+
+    def check_request(self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                      name: str = "prompt") -> None:
+        """A one-line ``ValueError`` naming the argument for a request this decoder cannot decode."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got max_new_tokens={max_new_tokens!r}")
+        if len(prompt) == 0:
+            raise ValueError(f"{name} is empty: give at least one token")
+        bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"{name} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
+        if self.context_length and len(prompt) + max_new_tokens > self.context_length:
+            raise ValueError(
+                f"{name} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                f"the model context of {self.context_length} tokens"
+            )
+        if sampling is not None:
+            if not isinstance(sampling, SamplingParams):
+                raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+            if not sampling.greedy and self.strategy.drafts and self.strategy.verifier == "greedy":
+                raise ValueError("verifier 'greedy' needs temperature 0; choose a sampling verifier")
 
     def label(self, sampling: SamplingParams) -> str:
         label = self.strategy.label()
@@ -184,26 +180,36 @@ class SpeculativeDecoder:
 
         ``on_tokens(new_tokens_per_row)`` is called after every step (streaming); when it returns True,
         generation ends after that step (stop strings). ``record_trees`` keeps every verified tree in
-        ``result.trees``.
+        ``result.trees``. A static batch on :class:`spec_fast.batch_engine.BatchEngine`: every prompt is
+        one request (row b draws from stream b of ``sampling.seed``), all admitted at once, and finished
+        rows stay in the batch until the last ends (``result.state`` holds every row).
         """
+        from spec_fast.batch_engine import BatchEngine  # the scheduler sits above the decoder it drives
+
         sampling = sampling or SamplingParams()
         if isinstance(prompts, torch.Tensor):
             prompts = prompts.tolist()
         prompt_lists = [[int(t) for t in p] for p in prompts]
         self._check_inputs(prompt_lists, max_new_tokens)
-        if not sampling.greedy and self.strategy.drafts and self.strategy.verifier == "greedy":
-            raise ValueError("verifier 'greedy' needs temperature 0; choose a sampling verifier")
+        self.check_request(prompt_lists[0], max_new_tokens, sampling)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        state = self._begin(prompt_lists, max_new_tokens, sampling, eos_token_id, record_trees)
+        engine = BatchEngine(self, max_batch_size=len(prompt_lists), eos_token_id=eos_token_id, static=True,
+                             record_trees=record_trees)
+        ids = [engine.add_request(p, sampling, max_new_tokens, stream=b) for b, p in enumerate(prompt_lists)]
+        row_of = {rid: b for b, rid in enumerate(ids)}
         first_token_time: float | None = None
-        while any(state.active):
-            new_tokens = self._step(state)
+        while engine.has_unfinished():
+            new_tokens: list[list[int]] = [[] for _ in prompt_lists]
+            for out in engine.step():
+                new_tokens[row_of[out.request_id]] = out.new_tokens
             if first_token_time is None:
                 first_token_time = time.perf_counter() - start
             if on_tokens is not None and on_tokens(new_tokens):
                 break
+        state = engine.state
+        assert state is not None
         metrics = state.metrics
         metrics.wall_s = time.perf_counter() - start
         metrics.ttft_s = first_token_time or 0.0
@@ -213,9 +219,11 @@ class SpeculativeDecoder:
         metrics.peak_memory_bytes = peak_memory_bytes(self.device)
         return GenerationResult(tokens=state.outputs, metrics=metrics, trees=state.trees or [], state=state)
 
-    def _begin(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-               eos_token_id: int | Sequence[int] | None, record_trees: bool) -> DecodeState:
-        """Prefill the target (and the drafters, unless the controller starts with plain steps)."""
+    def begin(self, prompts: list[list[int]], max_new: list[int], samplings: list[SamplingParams],
+              streams: list[int], eos: set[int], record_trees: bool = False) -> DecodeState:
+        """A state of ``len(prompts)`` new rows: the target (and the drafters, unless the controller starts
+        with plain steps) prefilled. Row b decodes ``prompts[b]`` with ``samplings[b]`` from stream
+        ``streams[b]`` of its seed (:func:`spec_fast.draws.stream_key`)."""
         batch = len(prompts)
         drafters: tuple[Drafter, ...] = ()
         if self.strategy.drafts and self.drafter is not None:
@@ -229,8 +237,8 @@ class SpeculativeDecoder:
         target_cache = TreeKVCache(self.target, batch, self.device)
         root_logits, root_hidden, observe, previous = prefill_target(target_cache, prompts, self.device,
                                                                      wants_hidden, nde)
-        # +adaptive steers greedy calls only: at T > 0 the kind of a step changes which sample a seed gives
-        controller = self.controller if sampling.greedy else None
+        # +adaptive steers greedy rows only: at T > 0 the kind of a step changes which sample a seed gives
+        controller = self.controller if all(s.greedy for s in samplings) else None
         # a controller that prefers plain steps skips the draft prefill: the prompt waits as pending tokens
         # (trained heads, which read the target's prefill states, always prefill)
         lazy = controller is not None and not wants_hidden and not controller.peek()
@@ -243,38 +251,54 @@ class SpeculativeDecoder:
             if not lazy:
                 track.prefilled = prefill_drafter(drafter, track.state, prompts, self.device)
             heads.append(track)
-        metrics = GenerationMetrics(strategy=self.label(sampling), batch_size=batch,
+        metrics = GenerationMetrics(strategy=self.label(samplings[0]), batch_size=batch,
                                     prompt_tokens=sum(len(p) for p in prompts))
         if self.dual is not None:
             metrics.head_accepted_tokens = [0, 0]
             metrics.head_selected = [0, 0]
+
+        def keys(purpose: int) -> torch.Tensor:
+            return torch.tensor([stream_key(s.seed, r, purpose) for s, r in zip(samplings, streams)],
+                                dtype=torch.long, device=self.device)
+
         return DecodeState(
-            sampling=sampling, max_new_tokens=max_new_tokens,
-            eos=set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or [])),
-            target_cache=target_cache, heads=heads,
-            generator=torch.Generator(device=self.device).manual_seed(sampling.seed), metrics=metrics,
-            controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
+            samplings=list(samplings), max_new=list(max_new), eos=set(eos), target_cache=target_cache, heads=heads,
+            metrics=metrics, controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
             outputs=[[] for _ in range(batch)], committed=[list(p) for p in prompts], active=[True] * batch,
             dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
+            draft_keys=keys(DRAFT), verify_keys=keys(VERIFY),
+            row_steps=torch.zeros(batch, dtype=torch.long, device=self.device), fresh=[True] * batch,
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
-            nde_previous=previous,
+            nde_previous=previous, step_accepted=[-1] * batch, step_drafted=[-1] * batch,
             route_calibration=RouteCalibration.start(batch, self.device, self.dual.initial_calibration())
             if self.dual is not None and self.dual.mode == "route-calibrated" else None,
         )
 
-    def _step(self, st: DecodeState) -> list[list[int]]:
+    def depth_caps(self, st: DecodeState) -> list[int]:
+        """Row b's deepest draft this step: the strategy's depth, less where the row may emit fewer tokens
+        (a function of the row alone, so its tree does not depend on its neighbours); with
+        ``st.pass_cost``, at most the depth :func:`spec_fast.batch_depth.choose_depth` picks for the batch."""
+        depth = self.strategy.depth
+        if st.pass_cost is not None and self.strategy.drafts:
+            depth = choose_depth(st.pass_cost, sum(st.active), depth, st.metrics.depth_reached,
+                                 st.metrics.depth_accepted)
+        return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
+                for b in range(st.batch_size)]
+
+    def step(self, st: DecodeState) -> list[list[int]]:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""
-        remaining = max(st.max_new_tokens - len(st.outputs[b]) for b in range(len(st.active)) if st.active[b])
-        depth_cap = min(self.strategy.depth, remaining - 1)
+        caps = self.depth_caps(st)
         hint = match_hint(st.heads, st.active, self.dual is not None) if st.controller is not None else 0
         speculate = st.controller.speculate(hint) if st.controller is not None else True
         if not speculate or not self.strategy.drafts:
-            depth_cap = 0
+            caps = [0] * len(caps)
+        depth_cap = max(caps, default=0)
         step_start = time.perf_counter()
+        st.depth_caps = caps
         draft, dual = self._draft_phase(st, depth_cap)
         if st.trees is not None:
             st.trees.append(draft.tree)
-        root_in_cache = st.root_logits is not None
+        fresh = list(st.fresh)
         target_logits, hidden = self._target_phase(st, draft)
         verified = self._verify_phase(st, draft, dual, target_logits)
         if dual is not None and st.route_calibration is not None:  # the losing head's counts need its full chain
@@ -283,40 +307,48 @@ class SpeculativeDecoder:
             # the target at the new root's preceding token: the accepted path's last slot
             last = verified.accepted_slots.gather(1, verified.accepted_depth.unsqueeze(1))  # [B, 1]
             st.nde_previous = (_take_slot(target_logits, last), _take_slot(hidden, last))
-        new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, root_in_cache, depth_cap)
-        if st.controller is not None and not root_in_cache:  # the first step's timing is not a step's
+        new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, fresh, depth_cap)
+        st.row_steps += 1
+        if st.controller is not None and not any(fresh):  # the first step's timing is not a step's
             st.controller.observe(depth_cap >= 1, sum(emitted_per_row) / max(len(emitted_per_row), 1),
                                   time.perf_counter() - step_start, hint)
         return new_tokens
 
+    _step = step
+    _begin = begin
+
     # ------------------------------------------------------------------ phase 1: draft
     def _draft_phase(self, st: DecodeState, depth_cap: int) -> tuple[DraftBatch, DualDraft | None]:
-        """Every drafter drafts its tree below the current roots (a root-only batch on plain steps)."""
+        """Every drafter drafts its tree below the current roots (a root-only batch on plain steps); row b
+        at most ``st.depth_caps[b]`` deep."""
         strategy = self.strategy
+        caps = st.depth_caps
         if depth_cap < 1:
             for head in st.heads:
                 head.pending_width = 0
             return draft_root_only(st.roots, strategy.process, self.device), None
         if self.dual is not None:
             dual = draft_dual(self.dual, st.heads, st.roots, depth_cap, strategy.shape == "chain", strategy.top_k,
-                              strategy.budget, st.sampling.greedy, st.route_calibration, self.device)
-            return dual.batch, dual
+                              strategy.budget, batch_greedy(st), st.route_calibration, self.device)
+            capped = cap_rows(dual.batch, caps)
+            return capped, replace(dual, batch=capped)
         head = st.heads[0]
         if strategy.shape == "nde":
             return self._draft_nde(st, head, depth_cap), None
-        args = (head.drafter, head.state, head.pending, st.roots, depth_cap)
+        args = (head.drafter, head.state, head.pending, st.roots)
         if strategy.shape == "chain":
-            draft = draft_chain(*args, self._draft_law(st.sampling), st.sampling.greedy, st.generator, self.device)
+            draft = cap_rows(draft_chain(*args, depth_cap, self._draft_law(st.samplings), st.draft_streams(),
+                                         self.device), caps)
         elif strategy.shape in ("iid", "delayed"):
-            draft = draft_delayed_tree(*args, strategy.num_paths, strategy.trunk, self._draft_law(st.sampling),
-                                       st.generator, self.device)
+            draft = draft_delayed_tree(*args, caps, strategy.num_paths, strategy.trunk,
+                                       self._draft_law(st.samplings), st.draft_streams(), self.device)
         elif strategy.shape == "topk":
-            draft = draft_topk_tree(*args, strategy.top_k, strategy.budget, self.device)
+            draft = draft_topk_tree(*args, caps, strategy.top_k, strategy.budget, self.device)
         else:
             params = [adjusted_params(strategy.dynatree_params(), h) for h in st.dyna_history]
-            draft, depths = draft_dynatree(*args, params, st.active, self.device)
+            draft, depths = draft_dynatree(*args, caps, params, st.active, self.device)
             for b, history in enumerate(st.dyna_history):
-                if st.active[b]:
+                if st.active[b] and depths[b] >= 1:  # a root-only row took a plain step, as alone
                     st.dyna_history[b] = DynaTreeHistory(window=history.window, acceptance=history.acceptance,
                                                          pending_depth=depths[b])
         head.pending_width = draft.pending_width
@@ -325,76 +357,75 @@ class SpeculativeDecoder:
     def _draft_nde(self, st: DecodeState, head: HeadTrack, depth_cap: int) -> DraftBatch:
         """The ``nde`` draft (:func:`spec_fast.nde.draft_nde`); a method so a test can wrap it."""
         assert self.selector is not None
-        return draft_nde(st, head, self.selector, depth_cap, self._draft_law(st.sampling), self.device)
-
-    def _draft_law(self, sampling: SamplingParams) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The distribution a sampled tree's drafter draws from: G(draft logits) at T > 0; at T = 0 the
-        draft law is irrelevant to verification, so a chain follows the argmax and K paths sample
-        ``softmax`` (distinct paths)."""
-        if not sampling.greedy:
-            return lambda logits: sampling_probs(logits, sampling)
-        if self.strategy.shape == "chain":
-            return lambda logits: torch.zeros_like(logits, dtype=torch.float32).scatter_(
-                -1, logits.argmax(-1, keepdim=True), 1.0)
-        return lambda logits: torch.softmax(logits.float(), dim=-1)
+        return draft_nde(st, head, self.selector, st.depth_caps, self._draft_law(st.samplings), self.device)
 
     # ------------------------------------------------------------------ phase 2: target
     def _target_phase(self, st: DecodeState, draft: DraftBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target pass over the tree -> (logits ``[B, N, V]``, final hidden states ``[B, N, H]`` or None)."""
         tree = draft.tree
         st.steps += 1
-        if st.root_logits is None:
+        fresh = st.fresh
+        if not any(fresh):
             out = st.target_cache.forward(draft.tokens_in, tree.parents, output_hidden_states=st.wants_hidden)
             return out.logits, (out.hidden_states[-1] if st.wants_hidden else None)
-        # first step: the root is already in the cache with its logits; forward the draft nodes only, slot
-        # s > 0 becoming block entry s - 1 (children of the root hang below the context)
+        assert st.root_logits is not None
+        # a fresh row's root is already in the cache with its logits (the prefill's)
         logits, hidden = st.root_logits.unsqueeze(1), st.root_hidden  # [B, 1, V]
         st.root_logits = st.root_hidden = None
-        if tree.num_slots > 1:
-            block_parents = torch.where(tree.parents > 0, tree.parents - 1, torch.full_like(tree.parents, -1))
-            out = st.target_cache.forward(draft.tokens_in[:, 1:], block_parents[:, 1:],
-                                          output_hidden_states=st.wants_hidden)
-            logits = torch.cat([logits, out.logits], dim=1)
-            if st.wants_hidden and hidden is not None:
-                hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
-        return logits, hidden
+        st.fresh = [False] * len(fresh)
+        if all(fresh):
+            # forward the draft nodes only, slot s > 0 becoming block entry s - 1 (children of the root hang
+            # below the context)
+            if tree.num_slots > 1:
+                block_parents = torch.where(tree.parents > 0, tree.parents - 1, torch.full_like(tree.parents, -1))
+                out = st.target_cache.forward(draft.tokens_in[:, 1:], block_parents[:, 1:],
+                                              output_hidden_states=st.wants_hidden)
+                logits = torch.cat([logits, out.logits], dim=1)
+                if st.wants_hidden and hidden is not None:
+                    hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
+            return logits, hidden
+        # some rows fresh: their slot 0 becomes a placeholder entry nobody attends (never kept), their root's
+        # children hang below the context; slot 0's outputs are the prefill's
+        fresh_rows = torch.tensor(fresh, device=self.device).unsqueeze(1)  # [B, 1]
+        parents = torch.where(fresh_rows & (tree.parents == 0), torch.full_like(tree.parents, -1), tree.parents)
+        out = st.target_cache.forward(draft.tokens_in, parents, output_hidden_states=st.wants_hidden)
+        first = torch.where(fresh_rows.unsqueeze(2), logits.to(out.logits.dtype), out.logits[:, :1])
+        all_logits = torch.cat([first, out.logits[:, 1:]], dim=1)
+        if not st.wants_hidden:
+            return all_logits, None
+        states = out.hidden_states[-1]
+        if hidden is not None:
+            states = torch.cat([torch.where(fresh_rows.unsqueeze(2), hidden.to(states.dtype), states[:, :1]),
+                                states[:, 1:]], dim=1)
+        return all_logits, states
 
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
                       target_logits: torch.Tensor) -> Verified:
-        tree = draft.tree
-        if st.sampling.greedy:
-            out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
-            return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
-        if tree.num_slots == 1:  # a plain sampled step
-            probs = sampling_probs(target_logits[:, 0], st.sampling)
-            next_token = torch.multinomial(probs, 1, generator=st.generator).squeeze(1)
-            zeros = torch.zeros(tree.batch_size, dtype=torch.long, device=self.device)
-            return Verified(zeros.unsqueeze(1), zeros, next_token)
+        """Every row's verification (:func:`spec_fast.step_verify.verify_rows`)."""
         method = "nss" if dual is not None else self.strategy.verifier
-        draft_probs = draft.draft_probs
-        if draft_probs is None:  # deterministic trees: NSS reads no q
-            draft_probs = torch.zeros(target_logits.shape, dtype=torch.float32, device=self.device)
-        out, st.uniform_offset = self._verify_sampling(method, draft, target_logits, draft_probs, st.sampling,
-                                                       st.uniform_offset)
-        return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+
+        def sampled(rows: DraftBatch, logits: torch.Tensor, draft_probs: torch.Tensor,
+                    samplings: list[SamplingParams], streams: VerifyStreams) -> Verified:
+            out, _ = self._verify_sampling(method, rows, logits, draft_probs, samplings, streams)
+            return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+
+        return verify_rows(st, draft, target_logits, sampled)
 
     def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
-                         draft_probs: torch.Tensor, sampling: SamplingParams, offset: int
-                         ) -> tuple[TreeVerifyOutput, int]:
-        """``verify_tree`` with p = G(target logits) and the step's counter-based uniforms; returns the
-        output and the next uniform offset."""
-        tree = draft.tree
-        per_node = uniforms_per_node(method, tree.max_draws)
-        uniforms = counter_uniforms(sampling.seed + 1, offset, (tree.batch_size, tree.num_slots, per_node),
-                                    self.device)
-        out = verify_tree(method, tree, sampling_probs(target_logits, sampling), draft_probs, uniforms,
-                          max_depth=draft.max_depth, validate=False)
-        return out, offset + tree.num_slots * per_node
+                         draft_probs: torch.Tensor, sampling: Sequence[SamplingParams], offset: VerifyStreams
+                         ) -> tuple[TreeVerifyOutput, VerifyStreams]:
+        """:func:`spec_fast.step_verify.verify_sampled` for this strategy (a method so a test can wrap it)."""
+        return verify_sampled(method, most_draws(self.strategy), draft, target_logits, draft_probs, sampling, offset)
+
+    def _draft_law(self, samplings: Sequence[SamplingParams] | SamplingParams
+                   ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:func:`spec_fast.step_verify.draft_law` of this strategy."""
+        return draft_law(samplings, self.strategy.shape == "chain")
 
     # ------------------------------------------------------------------ phase 4: commit
     def _commit_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None, verified: Verified,
-                      hidden: torch.Tensor | None, root_in_cache: bool, depth_cap: int
+                      hidden: torch.Tensor | None, fresh: list[bool], depth_cap: int
                       ) -> tuple[list[list[int]], list[int]]:
         """Emit the accepted tokens, gather every cache to the accepted path, queue what a drafter lacks."""
         batch = len(st.active)
@@ -410,6 +441,7 @@ class SpeculativeDecoder:
         keep_d: list[list[list[int]]] = [[[] for _ in range(batch)] for _ in st.heads]
         step_acc, step_depth, emitted_rows = [], [], []
         for b in range(batch):
+            st.step_accepted[b] = st.step_drafted[b] = -1
             if not st.active[b]:
                 continue
             path = [s for s in slots[b] if s >= 0]
@@ -417,6 +449,8 @@ class SpeculativeDecoder:
             step_acc.append(nacc[b])
             step_depth.append(depths[b])
             emitted_rows.append(nacc[b] + 1)
+            st.step_accepted[b] = nacc[b]
+            st.step_drafted[b] = sum(1 for t in tokens[b][1:] if t >= 0)
             if st.dyna_history[b].pending_depth is not None:
                 st.dyna_history[b] = update_history(st.dyna_history[b], nacc[b])
             if dual is not None:
@@ -432,26 +466,26 @@ class SpeculativeDecoder:
             st.roots[b] = nxt[b]
             st.committed[b].extend(emitted)
             for t in emitted:
-                if len(st.outputs[b]) >= st.max_new_tokens:
+                if len(st.outputs[b]) >= st.max_new[b]:
                     break
                 st.outputs[b].append(t)
                 new_tokens[b].append(t)
                 if t in st.eos:
                     break
-            if len(st.outputs[b]) >= st.max_new_tokens or (st.outputs[b] and st.outputs[b][-1] in st.eos):
+            if len(st.outputs[b]) >= st.max_new[b] or (st.outputs[b] and st.outputs[b][-1] in st.eos):
                 st.active[b] = False
         st.metrics.record_step(step_acc, step_depth)
-        self._gather_caches(st, keep_t, keep_d, hidden, root_in_cache)
+        self._gather_caches(st, keep_t, keep_d, hidden, fresh)
         return new_tokens, emitted_rows
 
     def _gather_caches(self, st: DecodeState, keep_t: list[list[int]], keep_d: list[list[list[int]]],
-                       hidden: torch.Tensor | None, root_in_cache: bool) -> None:
+                       hidden: torch.Tensor | None, fresh: list[bool]) -> None:
         device = self.device
         counts_t = [len(k) for k in keep_t]
-        if root_in_cache:  # the root is committed already; slot s > 0 is block entry s - 1
-            keep_block = [[i - 1 for i in k[1:]] for k in keep_t]
-        else:
-            keep_block = keep_t
+        # a fresh row's root is committed already: it keeps the path below it, at block entry s - 1 when
+        # every row was fresh (the pass skipped slot 0), else at entry s (slot 0 was a placeholder)
+        shift = 1 if all(fresh) else 0
+        keep_block = [[i - shift for i in k[1:]] if fresh[b] else k for b, k in enumerate(keep_t)]
         counts_block = [len(k) for k in keep_block]
         if st.target_cache.num_block > 0:
             st.target_cache.commit(pad_rows(keep_block, device), torch.tensor(counts_block, device=device),
@@ -464,7 +498,6 @@ class SpeculativeDecoder:
                 counts = [len(k) for k in keep_d[h]]
                 head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
                                     is_block_prefix(keep_d[h], counts, aligned(head.state)))
-
 
 
 def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -172,6 +172,57 @@ class TreeKVCache:
         self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
         self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
 
+    # ------------------------------------------------------------------ rows (between steps only)
+    def take_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in that order): a batch whose finished requests leave. Between steps only
+        (no block entries); the physical context shrinks to the longest kept row."""
+        self._check_between_steps("take_rows")
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.lengths = self.lengths.index_select(0, index)
+        new_size = int(self.lengths.max().item()) if rows else 0
+        layers: list[Any] = list(self.cache.layers)
+        for layer in layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = layer.keys.index_select(0, index)[:, :, :new_size].contiguous()
+            layer.values = layer.values.index_select(0, index)[:, :, :new_size].contiguous()
+        self._resize(new_size)
+
+    def append_rows(self, other: TreeKVCache) -> None:
+        """Append ``other``'s rows behind this cache's (a prefilled request joining a running batch). Between
+        steps only; each row keeps its committed entries left-aligned, the shorter ones padded."""
+        self._check_between_steps("append_rows")
+        other._check_between_steps("append_rows")
+        new_size = max(self.context_size, other.context_size)
+        mine: list[Any] = list(self.cache.layers)
+        theirs: list[Any] = list(other.cache.layers)
+        if len(mine) != len(theirs):
+            raise ValueError(f"append_rows needs caches of the same model: {len(mine)} vs {len(theirs)} layers")
+        for layer, joining in zip(mine, theirs):
+            own_rows, joining_rows = self.batch_size, other.batch_size
+            like = layer.keys if layer.keys is not None and layer.keys.numel() > 0 else joining.keys
+            if like is None or like.numel() == 0:
+                continue
+            parts_k = [_padded(layer.keys, own_rows, like, new_size), _padded(joining.keys, joining_rows, like, new_size)]
+            parts_v = [_padded(layer.values, own_rows, like, new_size),
+                       _padded(joining.values, joining_rows, like, new_size)]
+            layer.keys = torch.cat(parts_k, dim=0)
+            layer.values = torch.cat(parts_v, dim=0)
+        self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
+        self.passes += other.passes
+        self._resize(new_size)
+
+    def _check_between_steps(self, operation: str) -> None:
+        if self.num_block > 0:
+            raise ValueError(f"{operation} needs a cache between steps, this one holds {self.num_block} block entries")
+
+    def _resize(self, context_size: int) -> None:
+        batch = self.batch_size
+        self.context_size = context_size
+        self.padded = batch > 0 and int(self.lengths.min().item()) < context_size
+        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
+        self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+
     def key_values(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The committed ``(keys, values)`` of one row per layer, each ``[H, lengths[row], D]`` (tests)."""
         length = int(self.lengths[row].item())
@@ -179,3 +230,13 @@ class TreeKVCache:
         return [
             (layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in layers
         ]
+
+
+def _padded(values: torch.Tensor | None, rows: int, like: torch.Tensor, size: int) -> torch.Tensor:
+    """``values [rows, H, S, D]`` (None: no entries yet) zero-padded along S to ``[rows, H, size, D]``."""
+    if values is None or values.numel() == 0:
+        return like.new_zeros(rows, like.shape[1], size, like.shape[3])
+    if values.shape[2] == size:
+        return values
+    pad = values.new_zeros(rows, values.shape[1], size - values.shape[2], values.shape[3])
+    return torch.cat([values, pad], dim=2)

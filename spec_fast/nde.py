@@ -46,7 +46,7 @@ from spec_fast.selector import SelectorNet, feature_law, root_features
 
 if TYPE_CHECKING:  # the engine imports this module
     from spec_fast.commit import HeadTrack
-    from spec_fast.engine import DecodeState
+    from spec_fast.decode_state import DecodeState
 
 __all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector", "stored_latency",
            "check_nde_drafter", "draft_nde"]
@@ -131,6 +131,13 @@ class HiddenRecorder(Drafter):
 
     def num_block(self, state: Any) -> int:
         return self.inner.num_block(state)
+
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        if self.last_logits is not None and self.last_hidden is not None:
+            index = torch.tensor(rows, dtype=torch.long, device=self.last_logits.device)
+            self.last_logits = self.last_logits.index_select(0, index)
+            self.last_hidden = self.last_hidden.index_select(0, index)
+        return self.inner.take_rows(state, rows)
 
     def passes(self, state: Any) -> int:
         return self.inner.passes(state)
@@ -246,7 +253,7 @@ def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
     return NdeSelector(net.to(device), latency)
 
 
-def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap: int,
+def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_caps: Sequence[int],
               draft_law: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> DraftBatch:
     """One ``nde`` draft: the selector picks (K, L1, L2) from the root features, then the delayed builder
     drafts that tree below the root logits of the pending forward (L1 + L2 = 0: the root alone). Sets
@@ -280,10 +287,11 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
     name = ",".join(str(v) for v in choice.action)
     metrics.nde_actions[name] = metrics.nde_actions.get(name, 0) + 1
     num_paths, trunk, branch = choice.action
-    depth = min(trunk + branch, depth_cap)  # near max_new_tokens the tree is cut (branches first)
+    depths = [min(trunk + branch, cap) for cap in depth_caps]  # near max_new_tokens the tree is cut (branches first)
+    depth = max(depths)
     head.pending_width = width
     if depth == 0:  # a plain step; the drafter has consumed its pending tokens, the root is entry width - 1
         plain = draft_root_only(st.roots, "iid", device)
         return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
-    return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depth, num_paths, min(trunk, depth),
-                              draft_law, st.generator, device, root=(root_logits, width))
+    return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depths, num_paths, min(trunk, depth),
+                              draft_law, st.draft_streams(), device, root=(root_logits, width))

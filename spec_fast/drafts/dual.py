@@ -107,6 +107,12 @@ class DualDrafter(Drafter):
     def num_block(self, state: Any) -> int:
         return self.first.num_block(state[0]) + self.second.num_block(state[1])
 
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        return (self.first.take_rows(state[0], rows), self.second.take_rows(state[1], rows))
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        return (self.first.join_rows(state[0], joining[0]), self.second.join_rows(state[1], joining[1]))
+
     def passes(self, state: Any) -> int:
         return self.first.passes(state[0]) + self.second.passes(state[1])
 

@@ -414,6 +414,20 @@ class HeadDrafter(Drafter):
     def num_block(self, state: Any) -> int:
         return int(state.cache.num_block)
 
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        state.cache.take_rows(rows)
+        index = torch.tensor(rows, dtype=torch.long, device=state.block_features.device)
+        state.block_features = state.block_features.index_select(0, index)
+        state.history = [state.history[b] for b in rows]
+        return state
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        state.cache.append_rows(joining.cache)
+        state.block_features = torch.cat([state.block_features, joining.block_features], dim=0)
+        state.history = state.history + joining.history
+        state.prefill_observed = False
+        return state
+
     def passes(self, state: Any) -> int:
         return int(state.cache.passes)
 

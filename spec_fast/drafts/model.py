@@ -50,6 +50,14 @@ class Drafter:
     def passes(self, state: Any) -> int:
         raise NotImplementedError
 
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        """The state of ``rows`` only, in that order (between steps: finished requests leave the batch)."""
+        raise ValueError(f"drafter {type(self).__name__} cannot drop rows of a running batch")
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        """``state``'s rows, then ``joining``'s (between steps: prefilled requests join the batch)."""
+        raise ValueError(f"drafter {type(self).__name__} cannot take new rows into a running batch")
+
     #: True for drafters that read the verifier's hidden states (the engine then calls observe_target)
     wants_target_hidden = False
 
@@ -94,6 +102,14 @@ class ModelDrafter(Drafter):
 
     def num_block(self, state: Any) -> int:
         return int(state.num_block)
+
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        state.take_rows(rows)
+        return state
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        state.append_rows(joining)
+        return state
 
     def passes(self, state: Any) -> int:
         return int(state.passes)

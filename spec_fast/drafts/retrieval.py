@@ -258,6 +258,16 @@ class RetrievalDrafter(Drafter):
     def num_block(self, state: Any) -> int:
         return len(state.block_tokens[0]) if state.block_tokens else 0
 
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        return RetrievalState([state.committed[b] for b in rows], [state.block_tokens[b] for b in rows],
+                              [state.block_parents[b] for b in rows], [state.match_lengths[b] for b in rows],
+                              state.passes)
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        return RetrievalState(state.committed + joining.committed, state.block_tokens + joining.block_tokens,
+                              state.block_parents + joining.block_parents,
+                              state.match_lengths + joining.match_lengths, state.passes + joining.passes)
+
     def passes(self, state: Any) -> int:
         return int(state.passes)
 
@@ -327,6 +337,13 @@ class HybridDrafter(Drafter):
 
     def num_block(self, state: Any) -> int:
         return self.model.num_block(state.model)
+
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        return HybridState(self.retrieval.take_rows(state.retrieval, rows), self.model.take_rows(state.model, rows))
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        return HybridState(self.retrieval.join_rows(state.retrieval, joining.retrieval),
+                           self.model.join_rows(state.model, joining.model))
 
     def passes(self, state: Any) -> int:
         return self.model.passes(state.model)

@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +22,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spec_fast.serve.errors import APIError, BodyLimit, error_body, install_error_handlers
+from spec_fast.serve.errors import APIError, BodyLimit, install_error_handlers, send_error
 from spec_fast.serve.generation import Generation, sse
 from spec_fast.serve.metrics import CONTENT_TYPE, ServeMetrics
-from spec_fast.serve.protocol import (ChatCompletionRequest, CompletionRequest, GenerationParams, completion_id,
-                                      now)
+from spec_fast.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerationParams, now
 from spec_fast.serve.worker import Admission, EngineWorker, LoadedModel, Submission
 
 __all__ = ["ServeConfig", "create_app"]
@@ -50,7 +49,7 @@ class ServeConfig:
     on_load_error: Callable[[BaseException], None] | None = None
 
 
-class _Server:
+class _ServerState:
     """What the routes share: the worker, the metrics and the count of requests in flight."""
 
     def __init__(self, load: Callable[[], LoadedModel], config: ServeConfig) -> None:
@@ -111,8 +110,7 @@ class _Server:
                                     self.metrics, self.worker.abort)
             if params.stream:
                 handed_over = True
-                return StreamingResponse(self._stream(generation), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return _EventStream(_events(generation), on_close=lambda: self._finish(generation))
             return JSONResponse(await generation.collect(request))
         finally:
             if not submission.admitted.done():  # cancelled while waiting for admission
@@ -120,20 +118,36 @@ class _Server:
             if not handed_over:
                 self.in_flight -= 1
 
-    async def _stream(self, generation: Generation) -> AsyncIterator[str]:
-        # the disconnect of a streaming client cancels this generator (Starlette listens for it): the finally
-        # below aborts the request before the engine's next step
+    def _finish(self, generation: Generation) -> None:
+        generation.close()
+        self.in_flight -= 1
+
+
+async def _events(generation: Generation) -> AsyncIterator[str]:
+    async for chunk in generation.stream():
+        yield sse(chunk)
+    yield "data: [DONE]\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that call ``on_close`` once the response ends, however it ends: completed, failed,
+    or cancelled because the client disconnected (Starlette cancels a streaming response on disconnect,
+    possibly before its first event, when a ``finally`` inside the generator would never run). ``on_close``
+    aborts an unfinished request before the engine's next step and frees its slot."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for chunk in generation.stream():
-                yield sse(chunk)
-            yield "data: [DONE]\n\n"
+            await super().__call__(scope, receive, send)
         finally:
-            generation.close()
-            self.in_flight -= 1
+            self.on_close()
 
 
 def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
-    server = _Server(load, config)
+    server = _ServerState(load, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -201,7 +215,7 @@ def create_app(load: Callable[[], LoadedModel], config: ServeConfig) -> FastAPI:
     return app
 
 
-async def _watch_loading(server: _Server) -> None:
+async def _watch_loading(server: _ServerState) -> None:
     """Tell the CLI once if the model failed to load (it then stops the server)."""
     while not server.worker.ready.is_set():
         if server.worker.finished.is_set() and server.worker.load_error is not None:
@@ -215,7 +229,7 @@ class _Gate:
     """ASGI middleware: the API key on ``/v1/`` routes (401 before the body is read) and the HTTP request
     counter of ``/metrics`` (by route and status)."""
 
-    def __init__(self, app: ASGIApp, server: _Server) -> None:
+    def __init__(self, app: ASGIApp, server: _ServerState) -> None:
         self.app = app
         self.server = server
 
@@ -235,7 +249,7 @@ class _Gate:
         try:
             key = self.server.config.api_key
             if key is not None and path.startswith("/v1/") and not _authorized(scope, key):
-                await _send_json(recording_send, 401, error_body(
+                await send_error(recording_send, APIError(
                     401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None, "invalid_api_key"))
                 return
             await self.app(scope, receive, recording_send)
@@ -247,12 +261,3 @@ def _authorized(scope: Scope, key: str) -> bool:
     header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
-async def _send_json(send: Callable[[Message], Awaitable[None]], status: int, body: dict[str, Any]) -> None:
-    import json
-
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})

@@ -177,4 +177,4 @@ def _load(settings: GenerateSettings, max_batch: int, max_queue: int, quiet: boo
         note(f"model loaded: {settings.model.describe()}, draft {settings.draft}, strategy "
              f"{settings.strategy.label()}, batch {max_batch}, queue {max_queue}")
     return LoadedModel(engine=engine, tokenizer=tokenizer, context_length=int(decoder.context_length),
-                       strategy=settings.strategy.label(), draft=settings.draft)
+                       strategy_label=decoder.label, draft=settings.draft)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["APIError", "error_body", "install_error_handlers", "BodyLimit", "MAX_BODY_BYTES"]
+__all__ = ["APIError", "error_body", "install_error_handlers", "BodyLimit", "send_error", "MAX_BODY_BYTES"]
 
 #: Larger request bodies are refused with 413 before they are parsed. 4 MiB holds a prompt of about a
 #: million characters, more than the context of the models this engine runs (SmolLM2: 8192 tokens).
@@ -137,8 +137,12 @@ class BodyLimit:
         return APIError(413, f"the request body exceeds {self.limit} bytes", None, "request_too_large")
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(self._error().body()).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, self._error())
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    """Answer with ``error`` from ASGI middleware (outside FastAPI's exception handlers)."""
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -2,9 +2,10 @@
 object (``collect``) or stream chunks (``stream``), then records its metrics and, if it ended early, aborts
 it in the engine (``close``).
 
-Streamed text never takes back what it sent: while a request runs, the text is held back where it ends in
-the start of a stop string (the rest of it may come next step, and the output ends before it) or in half
-of a UTF-8 character (decoded as U+FFFD until the next token completes it).
+Streamed text never takes back what it sent: the engine's ``RequestOutput.text`` already holds back a
+trailing half UTF-8 character and a trailing prefix of a stop string while a request runs, so each text
+extends the previous one; a text that would not (a later token changing how earlier ones decode) is not
+sent until it does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from spec_fast.serve.metrics import ServeMetrics
 from spec_fast.serve.protocol import GenerationParams, completion_id, now, spec_stats, usage
 from spec_fast.serve.worker import Admission, EngineFailure, LoadedModel, Submission
 
-__all__ = ["Generation", "sse", "settled_text"]
+__all__ = ["Generation", "sse"]
 
 #: How often a non-streaming request looks whether its client is still connected
 _DISCONNECT_POLL_S = 0.25
@@ -31,17 +32,6 @@ _DISCONNECT_POLL_S = 0.25
 def sse(payload: dict[str, Any]) -> str:
     """One server-sent event carrying a JSON object."""
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def settled_text(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` without a trailing half character or a trailing proper prefix of a stop string."""
-    hold = len(text) - len(text.rstrip("\ufffd"))
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
-                hold = max(hold, n)
-                break
-    return text[: len(text) - hold]
 
 
 class Generation:
@@ -81,8 +71,6 @@ class Generation:
                 raise APIError(503, "the request was aborted (the server is shutting down)", None, "aborted")
             self.final = item
         text = item.text or ""
-        if not item.finished:
-            text = settled_text(text, self.params.stop)
         if len(text) > len(self.sent) and text.startswith(self.sent):
             delta = text[len(self.sent):]
             self.sent = text
@@ -108,14 +96,18 @@ class Generation:
     # ------------------------------------------------------------------ one JSON object
     async def collect(self, request: Request) -> dict[str, Any]:
         try:
+            checked = time.monotonic()
             while self.final is None:
                 try:
                     item = await asyncio.wait_for(self.submission.outputs.get(), _DISCONNECT_POLL_S)
                 except TimeoutError:
+                    item = None
+                if time.monotonic() - checked >= _DISCONNECT_POLL_S:  # outputs may come every step: look anyway
+                    checked = time.monotonic()
                     if await request.is_disconnected():  # nobody will read the answer: free the slot
                         return {}
-                    continue
-                self._take(item)
+                if item is not None:
+                    self._take(item)
             return self._response()
         finally:
             self.close()
@@ -133,7 +125,8 @@ class Generation:
                 "usage": usage(self.admission.prompt_tokens, self.completion_tokens())}
 
     def _spec(self) -> dict[str, Any]:
-        return spec_stats(getattr(self.final, "stats", None), self.model.strategy, self.model.draft)
+        return spec_stats(getattr(self.final, "stats", None), self.model.strategy_label(self.submission.sampling),
+                          self.model.draft)
 
     # ------------------------------------------------------------------ server-sent events
     def _chunk(self, delta: str | None, finish_reason: str | None = None) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class ServeMetrics:
                               registry=r)
         self.e2e = Histogram(_PREFIX + "e2e_request_latency_seconds", "Arrival to the last token",
                              buckets=_E2E_BUCKETS, registry=r)
-        self.num_drafts = Counter(_PREFIX + "spec_decode_num_drafts", "Verification passes that checked a draft",
+        self.num_drafts = Counter(_PREFIX + "spec_decode_num_drafts", "Verification passes of requests that drafted",
                                   registry=r)
         self.num_draft_tokens = Counter(_PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed",
                                         registry=r)
@@ -83,9 +83,9 @@ class ServeMetrics:
             return
         draft_tokens = int(getattr(stats, "draft_tokens", 0))
         if draft_tokens:
-            # a pass that verified a draft; plain passes (no draft, +adaptive) are not drafts
-            histogram = [int(n) for n in getattr(stats, "accepted_length_histogram", [])]
-            self.num_drafts.inc(sum(histogram) if histogram else int(getattr(stats, "target_passes", 0)))
+            # the request's verification passes; with +adaptive some of them were plain steps that checked
+            # no draft (the engine counts passes per request, not drafting passes)
+            self.num_drafts.inc(int(getattr(stats, "target_passes", 0)))
             self.num_draft_tokens.inc(draft_tokens)
         self.num_accepted_tokens.inc(int(getattr(stats, "accepted_tokens", 0)))
         for position, count in enumerate(getattr(stats, "accepted_per_position", [])):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spec_fast.serve.errors import APIError
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "StreamOptions", "ChatMessage", "GenerationParams",
-           "usage", "completion_id", "spec_stats"]
+           "usage", "completion_id", "now", "spec_stats"]
 
 # OpenAI's documented bounds; a seed is further bounded by SamplingParams (2**64 - 1)
 _MAX_SEED = 2**64 - 2

@@ -49,13 +49,13 @@ class BatchEngineLike(Protocol):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What the server runs: the engine, its tokenizer, the model's context length (0: unknown) and the
-    labels it reports (strategy, draft)."""
+    """What the server runs: the engine, its tokenizer, the model's context length (0: unknown), the
+    strategy label of a request's sampling parameters (``/greedy`` at temperature 0) and the draft's name."""
 
     engine: BatchEngineLike
     tokenizer: Any
     context_length: int
-    strategy: str
+    strategy_label: Callable[[Any], str]
     draft: str
 
 
@@ -96,10 +96,10 @@ class EngineWorker:
     def __init__(self, load: Callable[[], LoadedModel], on_step: Callable[[BatchEngineLike], None] | None = None) -> None:
         self._load = load
         self._on_step = on_step
-        self._commands: queue.SimpleQueue[tuple[str, Submission | None]] = queue.SimpleQueue()
+        #: (kind, the request it is about, the reason of an abort_all)
+        self._commands: queue.SimpleQueue[tuple[str, Submission | None, str]] = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         self._stopping = threading.Event()
-        self._abort_reason = "aborted"
         self.ready = threading.Event()
         self.finished = threading.Event()
         self.model: LoadedModel | None = None
@@ -110,28 +110,23 @@ class EngineWorker:
         self._thread.start()
 
     def submit(self, submission: Submission) -> None:
-        self._commands.put(("add", submission))
+        self._commands.put(("add", submission, ""))
 
     def abort(self, submission: Submission) -> None:
         """The client is gone: drop the request (before it starts, or between two steps)."""
         submission.cancelled = True
-        self._commands.put(("abort", submission))
+        self._commands.put(("abort", submission, ""))
 
     def abort_all(self, reason: str) -> None:
         """End every request in flight with :class:`EngineFailure` (``reason``), before the next step."""
-        self._abort_reason = reason
-        self._commands.put(("abort_all", None))
+        self._commands.put(("abort_all", None, reason))
 
     def stop(self, timeout_s: float) -> bool:
         """Abort what is left and stop the thread; True if it ended within ``timeout_s``."""
         self._stopping.set()
-        self._commands.put(("stop", None))
+        self._commands.put(("stop", None, ""))
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-    @property
-    def live_requests(self) -> int:
-        return len(self._live)
 
     # ------------------------------------------------------------------ the engine thread
     def _run(self) -> None:
@@ -161,8 +156,7 @@ class EngineWorker:
                 outputs = engine.step()
             except Exception as err:  # a bug of ours: the requests in flight fail, the server goes on
                 traceback.print_exception(err, file=sys.stderr)
-                self._abort_reason = f"the engine failed: {type(err).__name__}"
-                self._apply(model, "abort_all", None)
+                self._apply(model, "abort_all", None, f"the engine failed: {type(err).__name__}")
                 continue
             for output in outputs:
                 receiver = self._live.get(output.request_id)
@@ -186,15 +180,18 @@ class EngineWorker:
             except queue.Empty:
                 return
 
-    def _apply(self, model: LoadedModel, kind: str, submission: Submission | None) -> None:
+    def _apply(self, model: LoadedModel, kind: str, submission: Submission | None, reason: str) -> None:
         if kind == "add" and submission is not None:
             self._add(model, submission)
         elif kind == "abort" and submission is not None:
             self._abort(model.engine, submission)
         elif kind == "abort_all":
             for request_id, aborted in list(self._live.items()):
-                model.engine.abort(request_id)
-                self._fail(aborted, EngineFailure(self._abort_reason))
+                self._fail(aborted, EngineFailure(reason))
+                try:
+                    model.engine.abort(request_id)
+                except Exception as err:  # an engine that just failed may fail again: the others still end
+                    traceback.print_exception(err, file=sys.stderr)
             self._live.clear()
 
     def _add(self, model: LoadedModel, submission: Submission) -> None:
@@ -222,7 +219,7 @@ class EngineWorker:
         """Requests still queued when the thread stops are refused (503), not left waiting."""
         while True:
             try:
-                kind, submission = self._commands.get_nowait()
+                kind, submission, _ = self._commands.get_nowait()
             except queue.Empty:
                 return
             if kind == "add" and submission is not None:

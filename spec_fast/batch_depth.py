@@ -1,0 +1,105 @@
+"""Speculation that knows the batch: each step's draft depth from the batch's size and a measured pass cost.
+
+Speculative decoding pays while a target pass is memory-bound (reading the weights dominates, so a few
+more tokens per row cost little) and loses once the batch already fills the pass. :class:`PassCost` holds
+the measured seconds of one target pass over ``rows`` rows of ``tokens`` entries each
+(:func:`measure_pass_cost`: the engine's own cache, behind a context of ``context`` tokens, the median of a
+few timed passes, measured once per decoder). Each step, :func:`choose_depth` picks the depth ``d`` in
+``0 .. max depth`` that maximises the expected tokens per second of the whole batch,
+
+    rows * E_d / cost(rows, d + 1),    E_d = 1 + sum_{k=1..d} prod_{j=1..k} a_j,
+
+where ``a_j`` is the batch's running acceptance rate at depth ``j`` (accepted / reached over the steps so
+far of this running batch, with ``PRIOR_WEIGHT`` pseudo-steps at ``PRIOR_ACCEPTANCE``); ``d = 0`` is a plain
+step. The choice is made before any draw of the step and is a function of the measured table and the
+batch's committed history only, so the output law of every request is the target's and a seeded run is
+reproducible for the same arrival schedule and table (docs/engine.md section 10). Drafting itself is not
+priced: the default draft (retrieval) costs no model pass.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_fast.kv_cache import TreeKVCache
+
+__all__ = ["PassCost", "measure_pass_cost", "choose_depth", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT"]
+
+#: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 4.0
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """``seconds[(rows, tokens)]``: one target pass over ``rows`` rows of ``tokens`` entries each."""
+
+    seconds: dict[tuple[int, int], float]
+
+    def __call__(self, rows: int, tokens: int) -> float:
+        """The cost at ``(rows, tokens)``: the measured point, else the nearest measured row count above
+        (below when none), scaled linearly in rows, and the widest measured ``tokens`` beyond it."""
+        row_counts = sorted({r for r, _ in self.seconds})
+        widths = sorted({t for _, t in self.seconds})
+        width = min(tokens, widths[-1])
+        width = min((t for t in widths if t >= width), default=widths[-1])
+        above = [r for r in row_counts if r >= rows]
+        base = above[0] if above else row_counts[-1]
+        return self.seconds[(base, width)] * (rows / base if not above else 1.0)
+
+
+def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (1, 2, 4, 8),
+                      tokens: Sequence[int] = (1, 2, 3, 4, 5), context: int = 64, repeats: int = 3) -> PassCost:
+    """Time target passes of ``rows x tokens`` chain entries behind ``context`` committed tokens (module
+    docstring); each point is the median of ``repeats`` passes after one untimed warm-up pass."""
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    generator = torch.Generator().manual_seed(0)
+    seconds: dict[tuple[int, int], float] = {}
+    with torch.no_grad():
+        for batch in rows:
+            cache = TreeKVCache(target, batch, device)
+            prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
+            chain = torch.arange(-1, context - 1, device=device).expand(batch, context)
+            cache.forward(prompt, chain, logits_to_keep=1)
+            cache.commit(torch.arange(context, device=device).expand(batch, context),
+                         torch.full((batch,), context, dtype=torch.long, device=device), True)
+            for width in tokens:
+                block = torch.randint(0, vocab, (batch, width), generator=generator).to(device)
+                parents = torch.arange(-1, width - 1, device=device).expand(batch, width)
+                times = []
+                for repeat in range(repeats + 1):
+                    start = time.perf_counter()
+                    cache.forward(block, parents)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    if repeat > 0:
+                        times.append(time.perf_counter() - start)
+                    cache.commit(torch.zeros(batch, 1, dtype=torch.long, device=device),
+                                 torch.zeros(batch, dtype=torch.long, device=device), True)
+                seconds[(batch, width)] = statistics.median(times)
+    return PassCost(seconds)
+
+
+def choose_depth(cost: PassCost, rows: int, max_depth: int, reached: Sequence[int], accepted: Sequence[int]) -> int:
+    """The depth in ``0 .. max_depth`` with the most expected tokens per second for ``rows`` rows (module
+    docstring); ``reached[j]`` / ``accepted[j]``: (row, step) pairs whose tree reached / accepted depth
+    ``j + 1`` so far (:class:`~spec_fast.metrics.GenerationMetrics`' ``depth_reached`` / ``depth_accepted``)."""
+    if rows < 1 or max_depth < 1:
+        return 0
+    best, best_rate = 0, rows / cost(rows, 1)
+    expected, survive = 1.0, 1.0
+    for depth in range(1, max_depth + 1):
+        seen = reached[depth - 1] if depth - 1 < len(reached) else 0
+        hits = accepted[depth - 1] if depth - 1 < len(accepted) else 0
+        survive *= (hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (seen + PRIOR_WEIGHT)
+        expected += survive
+        rate = rows * expected / cost(rows, depth + 1)
+        if rate > best_rate:
+            best, best_rate = depth, rate
+    return best

@@ -1,0 +1,189 @@
+"""One step's verification of a batch whose rows have their own sampling parameters and random streams.
+
+:func:`verify_rows` sorts the rows into three kinds and verifies each kind on its rows only:
+
+* greedy rows (temperature 0): the greedy walk (:func:`spec_fast.verify.verify_greedy`);
+* sampled rows whose tree is the root alone (a plain step of that row): one inverse-CDF draw from G of the
+  target logits at the root with the row's first verifier uniform;
+* the other sampled rows: :func:`spec_fast.verify.verify_tree` with ``target_probs`` = G(target logits),
+  each row its own G.
+
+Row b's node u reads counters ``u * M + m`` of row b's verifier stream (:mod:`spec_fast.draws`), ``M`` fixed by
+the strategy (:func:`most_draws`), so a row reads the same numbers whatever else shares its batch.
+:func:`draft_law` is the per-row law the drafters sample from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spec_fast._sampling import _inverse_cdf
+from spec_fast.commit import Verified
+from spec_fast.decode_state import DecodeState
+from spec_fast.decoding import SamplingParams, sampling_probs
+from spec_fast.drafting import DraftBatch
+from spec_fast.flat_tree import FlatTree
+from spec_fast.rng import counter_uniforms
+from spec_fast.strategies import Strategy
+from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
+
+__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs", "most_draws",
+           "batch_greedy"]
+
+Law = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class VerifyStreams:
+    """Some rows' verifier streams: ``keys [R]`` and ``offsets [R]`` int64 (node u's uniform m of row r is
+    counter ``offsets[r] + u * M + m``); ``streams + n`` moves every row ``n`` counters on."""
+
+    keys: torch.Tensor
+    offsets: torch.Tensor
+
+    def __add__(self, counters: int) -> VerifyStreams:
+        return VerifyStreams(self.keys, self.offsets + counters)
+
+    def uniforms(self, shape: tuple[int, int, int]) -> torch.Tensor:
+        """``[R, N, M]`` float32 uniforms."""
+        return counter_uniforms(self.keys, self.offsets, shape, self.keys.device)
+
+
+#: ``(draft of some rows, their target logits [R, N, V], draft_probs [R, N, V], their SamplingParams, their
+#: VerifyStreams) -> Verified``: the tree verification of sampled rows
+SampledVerifier = Callable[[DraftBatch, torch.Tensor, torch.Tensor, list[SamplingParams], VerifyStreams], Verified]
+
+
+def verify_sampled(method: str, draws: int, draft: DraftBatch, target_logits: torch.Tensor,
+                   draft_probs: torch.Tensor, samplings: Sequence[SamplingParams], streams: VerifyStreams
+                   ) -> tuple[TreeVerifyOutput, VerifyStreams]:
+    """``verify_tree(method)`` of ``draft``'s rows with p = G(target logits) (row r's own G) and their own
+    uniforms (``M`` per node fixed by ``draws``, the most draws a node of the strategy has); returns the
+    output and the streams past the uniforms it read."""
+    tree = draft.tree
+    per_node = max(1, uniforms_per_node(method, max(tree.max_draws, draws)))
+    uniforms = streams.uniforms((tree.batch_size, tree.num_slots, per_node))
+    out = verify_tree(method, tree, target_probs(target_logits, samplings), draft_probs, uniforms,
+                      max_depth=draft.max_depth, validate=False)
+    return out, streams + tree.num_slots * per_node
+
+
+def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor, sampled: SampledVerifier
+                ) -> Verified:
+    """Verify every row of ``draft`` against ``target_logits [B, N, V]`` (module docstring); ``sampled``
+    verifies the sampled rows that drafted (e.g. :func:`verify_sampled`)."""
+    tree = draft.tree
+    kinds = ["greedy" if s.greedy else "plain" if tree.num_slots == 1 or st.depth_caps[b] < 1 else "tree"
+             for b, s in enumerate(st.samplings)]
+    if all(k == "greedy" for k in kinds):  # no uniforms needed
+        out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
+        return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+    streams = VerifyStreams(st.verify_keys, st.verify_offsets())
+    draft_probs = draft.draft_probs
+    if draft_probs is None:  # deterministic trees: NSS reads no q
+        draft_probs = torch.zeros(target_logits.shape, dtype=torch.float32, device=target_logits.device)
+
+    def verify_kind(kind: str, index: torch.Tensor | None, samplings: list[SamplingParams]) -> Verified:
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t if index is None else t.index_select(0, index)
+
+        sub = tree if index is None else FlatTree(rows(tree.tokens), rows(tree.parents), rows(tree.depths),
+                                                  rows(tree.draws), rows(tree.valid), tree.process)
+        logits = rows(target_logits)
+        if kind == "greedy":
+            out = verify_greedy(sub, logits, max_depth=draft.max_depth)
+            return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
+        own = VerifyStreams(rows(streams.keys), rows(streams.offsets))
+        if kind == "plain":  # node 0's first uniform, as a drafted tree's root would read it
+            token = _inverse_cdf(target_probs(logits[:, 0], samplings), own.uniforms((sub.batch_size, 1, 1))[:, 0, 0])
+            slots = torch.full((sub.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=token.device)
+            slots[:, 0] = 0
+            return Verified(slots, torch.zeros_like(token), token)
+        sub_draft = draft if index is None else DraftBatch(
+            sub, rows(draft_probs), rows(draft.confidences), rows(draft.entries), rows(draft.tokens_in),
+            draft.pending_width, draft.max_depth)
+        return sampled(sub_draft, logits, rows(draft_probs), samplings, own)
+
+    if all(k == kinds[0] for k in kinds):
+        return verify_kind(kinds[0], None, st.samplings)
+    device = target_logits.device
+    slots = torch.full((tree.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=device)
+    depth = torch.zeros(tree.batch_size, dtype=torch.long, device=device)
+    token = torch.zeros(tree.batch_size, dtype=torch.long, device=device)
+    for kind in ("greedy", "plain", "tree"):
+        members = [b for b, k in enumerate(kinds) if k == kind]
+        if not members:
+            continue
+        index = torch.tensor(members, dtype=torch.long, device=device)
+        part = verify_kind(kind, index, [st.samplings[b] for b in members])
+        slots[index] = part.accepted_slots
+        depth[index] = part.accepted_depth
+        token[index] = part.next_token
+    return Verified(slots, depth, token)
+
+
+def most_draws(strategy: Strategy) -> int:
+    """The most draws a node of ``strategy``'s trees has (fixes the verifier's uniforms per node)."""
+    if strategy.shape in ("iid", "delayed", "nde"):
+        return strategy.num_paths
+    if strategy.shape == "topk":
+        return strategy.top_k
+    return 1
+
+
+def batch_greedy(st: DecodeState) -> bool:
+    """Whether the batch is greedy, for parts that decide for the whole batch (a ``ValueError`` when its
+    rows mix greedy and sampled requests)."""
+    greedy = {s.greedy for s in st.samplings}
+    if len(greedy) > 1:
+        raise ValueError("this strategy cannot mix greedy and sampled requests in one batch")
+    return greedy.pop()
+
+
+def target_probs(logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:
+    """G(logits) with row b's parameters (``logits [B, ..., V]``)."""
+    return _per_row(samplings, lambda s: lambda x: sampling_probs(x, s), greedy_apart=False)(logits)
+
+
+def draft_law(samplings: Sequence[SamplingParams] | SamplingParams, chain: bool) -> Law:
+    """The distribution each row's drafter draws from (logits ``[B, F, V]`` -> ``[B, F, V]``): G(draft
+    logits) at T > 0; at T = 0 the draft law is irrelevant to verification, so a ``chain`` follows the
+    argmax and K paths sample ``softmax`` (distinct paths). One ``SamplingParams``: every row's."""
+
+    def one(sampling: SamplingParams) -> Law:
+        if not sampling.greedy:
+            return lambda logits: sampling_probs(logits, sampling)
+        if chain:
+            return lambda logits: torch.zeros_like(logits, dtype=torch.float32).scatter_(
+                -1, logits.argmax(-1, keepdim=True), 1.0)
+        return lambda logits: torch.softmax(logits.float(), dim=-1)
+
+    if isinstance(samplings, SamplingParams):
+        return one(samplings)
+    return _per_row(samplings, one, greedy_apart=True)
+
+
+def _per_row(samplings: Sequence[SamplingParams], make: Callable[[SamplingParams], Law], greedy_apart: bool) -> Law:
+    """A function of ``[B, ..., V]`` logits applying ``make(samplings[b])`` to row b (one call per group of
+    rows with the same law parameters; seeds do not matter)."""
+    groups: dict[tuple[bool, float, int, float], list[int]] = {}
+    for b, s in enumerate(samplings):
+        groups.setdefault((s.greedy and greedy_apart, s.temperature, s.top_k, s.top_p), []).append(b)
+    if len(groups) == 1:
+        return make(samplings[0])
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor | None = None
+        for members in groups.values():
+            index = torch.tensor(members, dtype=torch.long, device=logits.device)
+            part = make(samplings[members[0]])(logits.index_select(0, index))
+            if out is None:
+                out = torch.zeros(logits.shape, dtype=part.dtype, device=logits.device)
+            out[index] = part
+        assert out is not None
+        return out
+
+    return apply
