@@ -29,6 +29,8 @@ SHARED_FLAGS = ("model", "gguf_file", "draft", "dual", "strategy", "verifier", "
 #: the id of the default model in ``/v1/models`` (and the ``model`` clients send)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _API_KEY_ENV = "SPEC_FAST_API_KEY"
+#: spec_fast.batch_engine.DEPTH_POLICIES, kept here so that parsing imports no torch (a test keeps them equal)
+DEPTH_POLICIES = ("cost", "fixed")
 
 
 def add_serve_parser(subparsers: Any, generate: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -51,6 +53,11 @@ def add_serve_parser(subparsers: Any, generate: argparse.ArgumentParser) -> argp
                         help="requests decoded together in one batch (default 4); more wait in the queue")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="requests waiting for a batch slot (default 64); one more is answered 429")
+    parser.add_argument("--depth-policy", default="cost", choices=DEPTH_POLICIES,
+                        help="cost (default): each step's draft depth follows the batch (deep when alone, shallow "
+                             "or none when the batch fills a pass; greedy replies are the same as alone, a seeded "
+                             "sampled one depends on what it shared the batch with); fixed: the strategy's depth "
+                             "always, so a seeded sampled reply is exactly the one it gets alone")
     parser.add_argument("--api-key", default=os.environ.get(_API_KEY_ENV),
                         help=f"require 'Authorization: Bearer KEY' on /v1/ routes (default: ${_API_KEY_ENV}, "
                              f"else none)")
@@ -130,7 +137,7 @@ def serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(model_name=served_model_name(args), max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key, on_load_error=on_load_error)
-    app = create_app(lambda: _load(settings, args.max_batch, args.max_queue, args.quiet), config)
+    app = create_app(lambda: _load(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet), config)
     grace_s = float(args.shutdown_timeout)
 
     class Server(uvicorn.Server):
@@ -159,7 +166,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def _load(settings: GenerateSettings, max_batch: int, max_queue: int, quiet: bool) -> Any:
+def _load(settings: GenerateSettings, max_batch: int, max_queue: int, depth_policy: str, quiet: bool) -> Any:
     """Runs on the engine thread: the decoder of ``generate`` wrapped in the batch engine."""
     from spec_fast import BatchEngine
     from spec_fast.api import load_decoder
@@ -172,9 +179,9 @@ def _load(settings: GenerateSettings, max_batch: int, max_queue: int, quiet: boo
     # the HTTP side already holds in-flight requests to max_batch + max_queue (429 beyond), so the engine's
     # own waiting limit is never the one that binds
     engine = BatchEngine(decoder, max_batch_size=max_batch, max_waiting=max_batch + max_queue, tokenizer=tokenizer,
-                         eos_token_id=tokenizer.eos_token_id)
+                         eos_token_id=tokenizer.eos_token_id, depth_policy=depth_policy)
     if not quiet:
         note(f"model loaded: {settings.model.describe()}, draft {settings.draft}, strategy "
-             f"{settings.strategy.label()}, batch {max_batch}, queue {max_queue}")
+             f"{settings.strategy.label()} (depth {depth_policy}), batch {max_batch}, queue {max_queue}")
     return LoadedModel(engine=engine, tokenizer=tokenizer, context_length=int(decoder.context_length),
                        strategy_label=decoder.label, draft=settings.draft)

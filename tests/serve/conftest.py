@@ -14,8 +14,9 @@ from tests.serve.server import ServerProcess  # noqa: E402
 API_KEY = "test-key"
 #: the tiny model's context (positions): small enough that the context tests need no large prompt
 CONTEXT = 1024
-#: a draft and a fixed strategy: sampled replies are reproducible only under a fixed strategy (no +adaptive)
-TINY_ARGS = ["--draft", "early-exit:2", "--strategy", "chain:3"]
+#: a draft and a fixed strategy (no +adaptive, the strategy's depth at every step): a seeded sampled reply is
+#: then the one it gets alone, whatever shares the batch
+TINY_ARGS = ["--draft", "early-exit:2", "--strategy", "chain:3", "--depth-policy", "fixed"]
 
 
 @pytest.fixture(scope="session")

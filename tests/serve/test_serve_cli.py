@@ -24,6 +24,14 @@ def test_serve_shares_generates_model_flags_and_their_defaults() -> None:
     parsed = vars(parser.parse_args(["serve", "--draft", "none", "--strategy", "ar", "--threads", "2"]))
     assert (parsed["draft"], parsed["strategy"], parsed["threads"]) == ("none", "ar", 2)
     assert "temperature" not in serve  # sampling settings come with each request
+    assert serve["depth_policy"] == "cost"
+
+
+def test_depth_policies_match_the_engines() -> None:
+    from spec_fast.batch_engine import DEPTH_POLICIES
+    from spec_fast.serve.cli import DEPTH_POLICIES as SERVE_POLICIES
+
+    assert SERVE_POLICIES == DEPTH_POLICIES
 
 
 @pytest.mark.parametrize("args, message", [

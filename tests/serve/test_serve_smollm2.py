@@ -1,5 +1,6 @@
-"""The default server (SmolLM2-135M-Instruct on its GGUF blocks, the retrieval draft, the default strategy)
-decodes concurrent requests together and replies exactly what ``spec_fast.generate`` replies to each alone."""
+"""The default server (SmolLM2-135M-Instruct on its GGUF blocks, the retrieval draft, the default strategy and
+depth policy) decodes concurrent greedy requests together and replies exactly what ``spec_fast.generate``
+replies to each alone."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_the_default_server_batches_smollm2_and_replies_as_generate_does() -> No
         assert choice.finish_reason == expected.finish_reason
     stats = [r.choices[0].model_extra["speculative_decoding"] for r in replies]  # type: ignore[attr-defined]
     assert {s["draft"] for s in stats} == {"retrieval"}
-    # the control that speculation happened: the retrieval draft got tokens accepted
-    assert sum(s["accepted_tokens"] for s in stats) > 0
-    assert all(s["target_passes"] < MAX_TOKENS for s in stats if s["accepted_tokens"])
+    # every pass emits its accepted draft tokens plus one (how deep to draft at batch 4 is the engine's
+    # depth policy's choice: the default prices each step, and may not draft at all)
+    for reply, s in zip(replies, stats):
+        assert s["target_passes"] + s["accepted_tokens"] == reply.usage.completion_tokens  # type: ignore[attr-defined]
