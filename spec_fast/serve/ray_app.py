@@ -47,6 +47,7 @@ class ReplicaSpec:
     model_name: str
     max_batch: int
     max_queue: int
+    depth_policy: str
     api_key: str | None
     quiet: bool
     shutdown_timeout_s: float
@@ -64,7 +65,7 @@ class SpecFastReplica:
         self._server: Any = None
         try:
             # Ray runs a replica's constructor on its user-code thread, so its own pings go on meanwhile
-            self._model = _load(spec.settings, spec.max_batch, spec.max_queue, spec.quiet)
+            self._model = _load(spec.settings, spec.max_batch, spec.max_queue, spec.depth_policy, spec.quiet)
         except Exception as err:
             # the marker lets the CLI find this line in Ray's status message, which holds the traceback
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

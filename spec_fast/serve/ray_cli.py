@@ -145,7 +145,8 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
         catch_signals()  # again: Ray's core installs its own SIGTERM handler, which would end the process
         serve.start(proxy_location="HeadOnly", http_options={"host": args.host, "port": args.port})
         spec = ReplicaSpec(settings=settings, model_name=model_name, max_batch=args.max_batch,
-                           max_queue=args.max_queue, api_key=args.api_key, quiet=bool(args.quiet),
+                           max_queue=args.max_queue, depth_policy=args.depth_policy, api_key=args.api_key,
+                           quiet=bool(args.quiet),
                            shutdown_timeout_s=float(args.shutdown_timeout))
         serve.run_many([serve.RunTarget(target=build_application(spec, options.replicas, options.autoscale),
                                         name=APP_NAME, route_prefix="/")],
