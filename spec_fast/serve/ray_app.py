@@ -5,8 +5,8 @@ Differences from the single process, all in how Ray runs it:
 
 * the replica loads the model in its constructor, so Ray routes nothing to it before it can answer (and a
   model that fails to load fails the replica, with its error line in the deployment's status);
-* Ray's router sends a replica up to ``max_batch + max_queue + 1`` requests at once, one more than the app
-  admits, so the app's own admission control still answers the overflow with its 429 error object;
+* Ray's router sends a replica at most ``max_batch`` requests at once and queues the rest itself, up to
+  ``max_queue`` per replica; past that Ray answers 503 (not the single server's 429 error object);
 * every response carries an ``x-spec-fast-replica`` header naming the replica that made it;
 * ``check_health`` fails once the engine thread has stopped, and Ray replaces the replica;
 * Ray gives a replica ``--shutdown-timeout`` seconds to finish its requests before it stops it.
@@ -133,8 +133,11 @@ def build_application(spec: ReplicaSpec, replicas: int | None, autoscale: tuple[
         "name": DEPLOYMENT_NAME,
         # one Ray CPU per torch thread: Ray places replicas on nodes by free CPUs, one replica per core here
         "ray_actor_options": {"num_cpus": threads},
-        # one more than the app admits: the app answers the overflow itself (429), not Ray's router queue
-        "max_ongoing_requests": spec.max_batch + spec.max_queue + 1,
+        # a replica with a full batch counts as busy: Ray's router sends the next request to another replica
+        # (it prefers replicas on the proxy's own node until they are busy, so a larger number would keep a
+        # cluster's other nodes idle) and holds the overflow in its own queue, --max-queue per replica
+        "max_ongoing_requests": spec.max_batch,
+        "max_queued_requests": spec.max_queue * (autoscale[1] if autoscale is not None else (replicas or 1)),
         "graceful_shutdown_timeout_s": spec.shutdown_timeout_s,
         "health_check_period_s": _HEALTH_PERIOD_S,
     }

@@ -157,39 +157,44 @@ def test_one_replica_per_node_and_a_killed_replica_loses_no_request(
         replicas = alive_replicas(cluster)
         assert len(replicas) == 2 and len({node for _, node in replicas.values()}) == 2, replicas
 
-        # 8 long streams at once, then one replica is killed while they run
-        jobs = [Job("text" if i % 2 else "chat", f"story {i}", 300, temperature=0.0 if i % 3 else 0.8,
-                    seed=7 + i if i % 3 == 0 else None, stream=True) for i in range(8)]
-        alone = [job.reply(tiny_server)[:2] for job in jobs]
+        # 8 long greedy streams at once (900 tokens take the tiny model seconds), then one replica is killed
+        # while every one of them is receiving tokens
+        jobs = [Job("text" if i % 2 else "chat", f"story {i}", 900, stream=True) for i in range(8)]
         outcomes: list[tuple[str, Any] | None] = [None] * len(jobs)
-        admitted = threading.Semaphore(0)
+        streaming = threading.Semaphore(0)
 
         def client(i: int) -> None:
+            job = jobs[i]
+            first = True
             try:
-                job = jobs[i]
                 args: dict[str, Any] = {"model": "tiny", "max_tokens": job.max_tokens, "stream": True,
-                                        "temperature": job.temperature, "seed": job.seed}
+                                        "temperature": 0.0}
                 if job.endpoint == "chat":
                     stream = server.client().chat.completions.create(
                         messages=[{"role": "user", "content": job.prompt}], **args)
                 else:
                     stream = server.client().completions.create(prompt=job.prompt, **args)
-                admitted.release()  # the headers came: a replica holds the request
                 pieces, finish = [], ""
-                for chunk in stream:
-                    for choice in chunk.choices:
-                        pieces.append((choice.delta.content or "") if job.endpoint == "chat" else choice.text)
-                        finish = choice.finish_reason or finish
+                with stream:  # closes the connection whatever happens
+                    for chunk in stream:
+                        if first:
+                            first = False
+                            streaming.release()
+                        for choice in chunk.choices:
+                            pieces.append((choice.delta.content or "") if job.endpoint == "chat" else choice.text)
+                            finish = choice.finish_reason or finish
                 outcomes[i] = ("ok", ("".join(pieces), finish))
             except Exception as err:  # classified below
-                admitted.release()
                 outcomes[i] = ("error", err)
+            finally:
+                if first:
+                    streaming.release()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
         for thread in threads:
             thread.start()
-        for _ in range(6):  # most requests are on a replica (or the test is already failing)
-            assert admitted.acquire(timeout=60)
+        for _ in jobs:  # every request is on a replica, receiving tokens (or the test is already failing)
+            assert streaming.acquire(timeout=60)
         victim, (pid, node) = next(iter(replicas.items()))
         assert "ServeReplica" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")  # ours, a replica
         os.kill(pid, signal.SIGKILL)
@@ -197,13 +202,16 @@ def test_one_replica_per_node_and_a_killed_replica_loses_no_request(
             thread.join(120)
         assert not any(thread.is_alive() for thread in threads), "a request hung after the replica died"
 
-        failed = [(jobs[i], outcome[1]) for i, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"]
-        for i, outcome in enumerate(outcomes):
-            assert outcome is not None
-            if outcome[0] == "ok":
-                assert outcome[1] == alone[i], (jobs[i], outcome[1])  # a completed reply is whole and right
-        assert all(retryable(err) for _, err in failed), [repr(err) for _, err in failed]
+        assert all(outcome is not None for outcome in outcomes)
+        failed = [outcome[1] for outcome in outcomes if outcome and outcome[0] == "error"]
+        print(f"\nkilled a replica under load: {len(failed)} of {len(jobs)} requests failed: "
+              f"{sorted({type(err).__name__ for err in failed})}")
+        assert all(retryable(err) for err in failed), [repr(err) for err in failed]
         assert failed, "no request was in flight on the killed replica: the test did not test the failure"
+        # the requests on the other replica completed, whole and right
+        done = [i for i, outcome in enumerate(outcomes) if outcome and outcome[0] == "ok"]
+        alone = replies_concurrently(tiny_server, [[jobs[i]] for i in done])
+        assert [outcomes[i][1] for i in done] == [got[0][:2] for got in alone]  # type: ignore[index]
 
         # Ray replaces the replica (on the node whose CPU it freed) and the next requests succeed
         deadline = time.monotonic() + 120
