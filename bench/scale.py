@@ -6,8 +6,8 @@ the retrieval draft) on 127.0.0.1 with ``--threads 1`` per process (per replica)
 replica; the Ray runs start their own local Ray instance. The clients, prompts and measures are those of
 bench/serve.py (``run_level``: each client sends ``--requests`` greedy streaming chat requests one after
 another from the held-out prompts; aggregate tokens/s = completion tokens / wall time of the level). Each
-server gets one warm-up request; a Ray run is measured only once every replica answers (each response names
-its replica). The machine's load average is recorded before every level: other processes share the CPU.
+server is warmed up with one request per replica (each Ray response names its replica), all three run at
+once, and each level runs them in an order rotated from level to level. The machine's load average is recorded before every level: other processes share the CPU.
 The resident memory (RSS) of each server process and of each replica is recorded too (docs/scale-out.md).
 
     python bench/scale.py                      # 1-thread replicas, 4 and 8 clients, 2 requests each
@@ -37,34 +37,52 @@ CONFIGS = [("single process", []), ("ray, 1 replica", ["--ray", "--replicas", "1
            ("ray, 2 replicas", ["--ray", "--replicas", "2"])]
 
 
-def wait_for_replicas(server: Server, replicas: int, timeout_s: float = 600) -> None:
-    """Until ``/health`` answers from ``replicas`` different replicas (Ray routes to those that run)."""
-    seen: set[str] = set()
+def warm_up(server: Server, replicas: int, prompt: str, timeout_s: float = 600) -> None:
+    """Until ``replicas`` different replicas have each answered a short chat request (Ray routes only to
+    replicas that run, and a replica's first request pays its first-use costs: those stay out of the
+    numbers)."""
+    warmed: set[str] = set()
     deadline = time.monotonic() + timeout_s
-    while len(seen) < replicas:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{server.name}: only {len(seen)} of {replicas} replicas answered in {timeout_s} s")
-        response = httpx.get(server.base_url + "/health", timeout=10)
-        if response.status_code == 200:
-            seen.add(response.headers.get(REPLICA_HEADER, "single"))
-        time.sleep(0.1)
+    with httpx.Client() as client:
+        while len(warmed) < replicas:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{server.name}: only {len(warmed)} of {replicas} replicas answered in {timeout_s} s")
+            response = client.post(server.base_url + "/v1/chat/completions", timeout=120, json={
+                "model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+                "temperature": 0})
+            if response.status_code == 200:
+                warmed.add(response.headers.get(REPLICA_HEADER, "single process"))
+            else:
+                time.sleep(0.5)  # a replica still starting: Ray routes to those that run
 
 
-def rss_mib() -> dict[str, float]:
-    """RSS of this machine's spec-fast server processes and Ray replicas (by command line), in MiB."""
-    found: dict[str, float] = {}
+def rss_mib(root_pid: int) -> dict[str, float]:
+    """RSS in MiB of ``root_pid`` and every process below it (the command, Ray's processes, the replicas),
+    each named by its command line."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    rss: dict[int, float] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             status = (proc / "status").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if "ServeReplica:spec-fast" in cmdline or ("spec_fast serve" in cmdline and "--port" in cmdline):
-            rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-            found[f"{proc.name} {cmdline.strip()[:60]}"] = rss / 1024
-    return found
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        parents[int(proc.name)] = int(fields["PPid"])
+        names[int(proc.name)] = cmdline.split(" --")[0][:70]
+        rss[int(proc.name)] = int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+
+    def below(pid: int) -> bool:
+        while pid > 1:
+            if pid == root_pid:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return {f"{pid} {names[pid]}": round(rss[pid], 1) for pid in sorted(rss) if below(pid) and rss[pid] > 0}
 
 
 def main() -> int:
@@ -82,20 +100,24 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     memory: dict[str, dict[str, float]] = {}
     uptime_before = Path("/proc/loadavg").read_text().strip()
-    for name, extra in CONFIGS:
-        server = ours(name, args, extra)
-        try:
-            wait_for_replicas(server, int(extra[-1]) if extra else 1)
-            with httpx.Client() as client:
-                one_request(server, client, prompts[0], 16)  # warm-up: first-use costs out of the numbers
-            memory[name] = rss_mib()
-            for clients in levels:
+    servers: list[Server] = []
+    try:
+        # every server first, then each level runs them in an order rotated from level to level, so that a
+        # slow phase of the shared machine does not fall on one of them only (as bench/serve.py does)
+        for name, extra in CONFIGS:
+            servers.append(ours(name, args, extra))
+            warm_up(servers[-1], int(extra[-1]) if extra else 1, prompts[0])
+            memory[name] = rss_mib(servers[-1].proc.pid)
+        for index, clients in enumerate(levels):
+            for server in servers[index % len(servers):] + servers[:index % len(servers)]:
                 row = run_level(server, clients, args.requests, args.max_tokens, prompts)
-                print(f"{name} x{clients}: {row['tokens_per_s']:.1f} tok/s, load {row['load_avg_1m_before']:.2f}",
-                      file=sys.stderr, flush=True)
+                print(f"{server.name} x{clients}: {row['tokens_per_s']:.1f} tok/s, load "
+                      f"{row['load_avg_1m_before']:.2f}", file=sys.stderr, flush=True)
                 rows.append(row)
-        finally:
+    finally:
+        for server in servers:
             server.stop()
+    rows.sort(key=lambda r: ([name for name, _ in CONFIGS].index(r["system"]), r["clients"]))
     write(rows, args, levels, memory, uptime_before)
     return 0
 
@@ -113,8 +135,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "/proc/loadavg after the run": Path("/proc/loadavg").read_text().strip(),
         "threads per process or replica": 1, "max batch per process or replica": 4,
         "requests per client": args.requests, "max_tokens": args.max_tokens,
-        "RSS (MiB) after the warm-up": {name: {k.split(" ")[0]: round(v) for k, v in found.items()}
-                                       for name, found in memory.items()},
+        "RSS (MiB) after the warm-up, each process of each server": memory,
     }
     table = ["| system | clients | tok/s | TTFT p50 (ms) | TPOT p50 (ms) | load before |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import Any
 
-from spec_fast.serve.ray_cli import add_ray_flags, check_ray_flags
+from spec_fast.serve.ray_cli import add_ray_flags, check_ray_flags, serve_ray
 from spec_fast.settings import GenerateSettings, SettingError, resolve_settings
 
 __all__ = ["add_serve_parser", "serve", "SHARED_FLAGS", "DEFAULT_MODEL_NAME"]
@@ -115,8 +115,6 @@ def serve(args: argparse.Namespace) -> int:
         print(f"spec-fast: error: {err.cli_message()}", file=sys.stderr)
         return 2
     if ray_options is not None:  # the same app as Ray Serve replicas (spec_fast/serve/ray_cli.py)
-        from spec_fast.serve.ray_cli import serve_ray
-
         return serve_ray(args, settings, ray_options, served_model_name(args))
     try:
         import uvicorn
