@@ -11,8 +11,9 @@ greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, from the held-out c
 prompt ``i`` so that concurrent clients ask different things. Per request: TTFT = first content chunk minus
 the request's start, TPOT = (last chunk - first chunk) / (tokens - 1) with tokens from the final usage chunk
 (``stream_options.include_usage``). Aggregate tokens/s = all completion tokens of a level / its wall time.
-The levels run one configuration after another in a rotated order, each after one warm-up request, and the
-machine's load average is recorded before each (other processes share the CPU).
+Every server is started (and sent one warm-up request) before the first level; then each level runs the
+configurations one after another, in an order rotated from level to level, so that a slow phase of a shared
+machine hits them alike; the machine's load average is recorded before each (other processes share the CPU).
 
     python bench/serve.py                                # ours plain and default; 1 thread, 4 slots
     python bench/serve.py --llama-server /path/llama-server
@@ -189,6 +190,7 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4, help="parallel slots of every server")
     parser.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (else not measured)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--note", default=None, help="a line for the results (e.g. why llama.cpp is missing)")
     parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -201,18 +203,23 @@ def main() -> int:
     if args.llama_server:
         configs.append(("llama.cpp", []))
     rows: list[dict[str, Any]] = []
-    for index, (name, extra) in enumerate(configs):
-        server = llama(args) if name == "llama.cpp" else ours(name, args, extra)
-        try:
-            one_request(server, httpx.Client(), prompts[0], 16)  # warm-up: first-use costs out of the numbers
-            for clients in levels:
+    servers: list[Server] = []
+    try:
+        for name, extra in configs:
+            servers.append(llama(args) if name == "llama.cpp" else ours(name, args, extra))
+            with httpx.Client() as client:  # warm-up: first-use costs out of the numbers
+                one_request(servers[-1], client, prompts[0], 16)
+        for level, clients in enumerate(levels):
+            for server in servers[level % len(servers):] + servers[: level % len(servers)]:
                 row = run_level(server, clients, args.requests, args.max_tokens, prompts)
-                print(f"{name} x{clients}: {row['tokens_per_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} "
-                      f"ms, TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms, load {row['load_avg_1m_before']:.2f}",
-                      file=sys.stderr, flush=True)
+                print(f"{server.name} x{clients}: {row['tokens_per_s']:.1f} tok/s, TTFT p50 "
+                      f"{row['ttft_p50_s'] * 1e3:.0f} ms, TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms, load "
+                      f"{row['load_avg_1m_before']:.2f}", file=sys.stderr, flush=True)
                 rows.append(row)
-        finally:
+    finally:
+        for server in servers:
             server.stop()
+    rows.sort(key=lambda r: ([name for name, _ in configs].index(r["system"]), r["clients"]))
     write(rows, args, levels)
     return 0
 
@@ -230,6 +237,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "max_tokens": args.max_tokens,
         "llama.cpp": args.llama_server or "not measured (no --llama-server binary given)",
     }
+    if args.note:
+        meta["note"] = args.note
     table = ["| system | clients | tok/s | TTFT p50 (ms) | TTFT p95 (ms) | TPOT p50 (ms) | TPOT p95 (ms) | load before |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

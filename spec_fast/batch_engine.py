@@ -137,9 +137,10 @@ class BatchEngine:
     tokenizer's, if any); ``depth_policy`` (:data:`DEPTH_POLICIES`): ``cost`` (the default) lets each
     step's draft depth follow the batch (deep trees when alone, shallower or none when the batch fills the
     pass: the output law is unchanged and a seeded run reproducible for the same arrival schedule),
-    ``fixed`` keeps the strategy's depth, so that a seeded request decodes exactly as alone. ``static=True`` is what ``SpeculativeDecoder.generate`` uses: finished rows stay
-    in the batch until the last ends (their state remains readable), and requests are admitted only into
-    an empty batch.
+    ``fixed`` keeps the strategy's depth, so that a seeded request decodes exactly as alone.
+    ``static=True`` is what ``SpeculativeDecoder.generate`` uses (with ``fixed``): finished rows stay in
+    the batch until the last ends (their state remains readable), and requests are admitted only into an
+    empty batch.
 
     Strategies that decide for the whole batch admit only requests compatible with it, the others waiting
     in order: a dual draft does not mix greedy and sampled requests, and ``nde`` (whose selector picks one

@@ -34,7 +34,7 @@ class DecodeState:
 
     Per row: ``samplings``, ``max_new`` (token budget), ``outputs`` (generated ids), ``committed`` (prompt
     + generated), ``roots`` (last committed token), ``active``, ``dyna_history``; ``draft_keys`` /
-    ``verify_keys`` ``[B]`` int64 (:func:`spec_fast.draws.stream_key`) and ``row_steps [B]`` int64 (steps
+    ``verify_keys`` ``[B]`` int64 (:func:`spec_fast.draws.stream_keys`) and ``row_steps [B]`` int64 (steps
     the row took part in: its streams' position); ``fresh[b]``: the row's root is already in the target
     cache, its logits in ``root_logits [B, V]`` (a row prefilled since the last step); ``step_accepted`` /
     ``step_drafted``: the last step's accepted draft tokens and drafted nodes per row (-1: sat out).

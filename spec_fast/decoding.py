@@ -49,7 +49,7 @@ class SamplingParams:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1] (1 = off), got top_p={p!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64 - 1:
-            # seed seeds the draft's torch.Generator and seed + 1 the verifier's 64-bit counter stream
+            # seed keys the request's 64-bit counter streams (spec_fast.draws); the bound is kept from seed + 1
             raise ValueError(f"seed must be an integer in [0, 2**64 - 1), got seed={self.seed!r}")
 
     @property

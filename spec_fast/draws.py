@@ -1,6 +1,6 @@
 """Per-request random streams: every draw a request makes comes from its own counter-based uniforms.
 
-A request (a row of the running batch) has two keys derived from its seed (:func:`stream_key`): one for
+A request (a row of the running batch) has two keys derived from its seed (:func:`stream_keys`): one for
 its draft draws, one for the verifier's uniforms. Its counters advance with *its own* steps only
 (``STEP_STRIDE`` counters per step and purpose), so the numbers a request draws do not depend on which
 other requests share the batch, on their number, or on the step at which it joined
@@ -14,13 +14,14 @@ float64 prefix sums (:func:`categorical`), like the verifier's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from spec_fast.rng import counter_uniforms
+from spec_fast.rng import _signed, counter_uniforms, splitmix64
 
-__all__ = ["DRAFT", "VERIFY", "STEP_STRIDE", "LEVEL_STRIDE", "stream_key", "RowStreams", "categorical"]
+__all__ = ["DRAFT", "VERIFY", "STEP_STRIDE", "LEVEL_STRIDE", "stream_keys", "RowStreams", "categorical"]
 
 #: purposes of a request's two streams
 DRAFT, VERIFY = 0, 1
@@ -29,23 +30,15 @@ STEP_STRIDE = 1 << 40
 #: counters one draft level may use (frontier nodes x draws per node)
 LEVEL_STRIDE = 1 << 20
 
-_MASK64 = (1 << 64) - 1
 
-
-def _mix(value: int) -> int:
-    """SplitMix64 finaliser on a Python int (mod 2**64)."""
-    z = (value + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def stream_key(seed: int, stream: int, purpose: int) -> int:
-    """The int64 key of stream ``stream`` (a request's index among those sharing one seed, e.g. the row of
-    a ``generate`` batch; 0 for a request of its own) of ``seed``, for ``purpose`` (:data:`DRAFT` or
-    :data:`VERIFY`). Distinct ``(seed, stream, purpose)`` give unrelated keys."""
-    key = _mix(_mix(_mix(seed) ^ stream) ^ purpose)
-    return key - (1 << 64) if key >= (1 << 63) else key
+def stream_keys(seeds: Sequence[int], streams: Sequence[int], purpose: int, device: torch.device) -> torch.Tensor:
+    """``[R]`` int64: the key of stream ``streams[r]`` (a request's index among those sharing one seed, e.g.
+    the row of a ``generate`` batch; 0 for a request of its own) of ``seeds[r]``, for ``purpose``
+    (:data:`DRAFT` or :data:`VERIFY`): SplitMix64 folded over (seed, stream, purpose), so distinct triples
+    give unrelated keys."""
+    seed = torch.tensor([_signed(s) for s in seeds], dtype=torch.int64, device=device)
+    stream = torch.tensor(list(streams), dtype=torch.int64, device=device)
+    return splitmix64(torch.bitwise_xor(splitmix64(torch.bitwise_xor(splitmix64(seed), stream)), purpose))
 
 
 @dataclass(frozen=True, eq=False)

@@ -44,7 +44,7 @@ from spec_fast.batch_depth import PassCost, choose_depth, measure_pass_cost
 from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
-from spec_fast.draws import DRAFT, VERIFY, stream_key
+from spec_fast.draws import DRAFT, VERIFY, stream_keys
 from spec_fast.drafting import (
     DraftBatch, cap_rows, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
 )
@@ -195,8 +195,8 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        engine = BatchEngine(self, max_batch_size=len(prompt_lists), eos_token_id=eos_token_id, static=True,
-                             record_trees=record_trees)
+        engine = BatchEngine(self, max_batch_size=len(prompt_lists), eos_token_id=eos_token_id, depth_policy="fixed",
+                             static=True, record_trees=record_trees)
         ids = [engine.add_request(p, sampling, max_new_tokens, stream=b) for b, p in enumerate(prompt_lists)]
         row_of = {rid: b for b, rid in enumerate(ids)}
         first_token_time: float | None = None
@@ -223,7 +223,7 @@ class SpeculativeDecoder:
               streams: list[int], eos: set[int], record_trees: bool = False) -> DecodeState:
         """A state of ``len(prompts)`` new rows: the target (and the drafters, unless the controller starts
         with plain steps) prefilled. Row b decodes ``prompts[b]`` with ``samplings[b]`` from stream
-        ``streams[b]`` of its seed (:func:`spec_fast.draws.stream_key`)."""
+        ``streams[b]`` of its seed (:func:`spec_fast.draws.stream_keys`)."""
         batch = len(prompts)
         drafters: tuple[Drafter, ...] = ()
         if self.strategy.drafts and self.drafter is not None:
@@ -257,16 +257,13 @@ class SpeculativeDecoder:
             metrics.head_accepted_tokens = [0, 0]
             metrics.head_selected = [0, 0]
 
-        def keys(purpose: int) -> torch.Tensor:
-            return torch.tensor([stream_key(s.seed, r, purpose) for s, r in zip(samplings, streams)],
-                                dtype=torch.long, device=self.device)
-
         return DecodeState(
             samplings=list(samplings), max_new=list(max_new), eos=set(eos), target_cache=target_cache, heads=heads,
             metrics=metrics, controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
             outputs=[[] for _ in range(batch)], committed=[list(p) for p in prompts], active=[True] * batch,
             dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
-            draft_keys=keys(DRAFT), verify_keys=keys(VERIFY),
+            draft_keys=stream_keys([s.seed for s in samplings], streams, DRAFT, self.device),
+            verify_keys=stream_keys([s.seed for s in samplings], streams, VERIFY, self.device),
             row_steps=torch.zeros(batch, dtype=torch.long, device=self.device), fresh=[True] * batch,
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
             nde_previous=previous, step_accepted=[-1] * batch, step_drafted=[-1] * batch,

@@ -34,19 +34,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from spec_fast.commit import HeadTrack
+from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafting import DraftBatch, draft_delayed_tree, draft_root_only, pending_forward
 from spec_fast.drafts.model import Drafter
 from spec_fast.latency import LatencyModel
 from spec_fast.selector import SelectorNet, feature_law, root_features
-
-if TYPE_CHECKING:  # the engine imports this module
-    from spec_fast.commit import HeadTrack
-    from spec_fast.decode_state import DecodeState
 
 __all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector", "stored_latency",
            "check_nde_drafter", "draft_nde"]

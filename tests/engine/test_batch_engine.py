@@ -31,7 +31,7 @@ from tests.engine.models import tiny_llama
 TARGET = tiny_llama(vocab_size=48, seed=7)
 LEAN = LeanLlama.from_hf(TARGET, "float32")
 PROMPT_RNG = random.Random(1)
-PROMPTS = [[PROMPT_RNG.randrange(48) for _ in range(PROMPT_RNG.randint(1, 9))] for _ in range(6)]
+PROMPTS = [[PROMPT_RNG.randrange(48) for _ in range(PROMPT_RNG.randint(1, 9))] for _ in range(5)]
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,14 @@ class Arrival:
 
 
 def schedule(seed: int, sampled: bool, greedy: bool) -> list[Arrival]:
-    """Six requests arriving at random steps with mixed parameters and lengths; one is aborted mid-way."""
+    """Five requests arriving at random steps with mixed parameters and lengths; one is aborted mid-way."""
     rng = random.Random(seed)
     kinds = [SamplingParams(temperature=0.0)] * greedy + [
         SamplingParams(temperature=0.8, seed=11), SamplingParams(temperature=1.0, top_k=8, seed=12),
         SamplingParams(temperature=1.2, top_p=0.9, seed=13)] * sampled
     arrivals = []
     for i, prompt in enumerate(PROMPTS):
-        arrivals.append(Arrival(prompt, kinds[i % len(kinds)], rng.randint(3, 14), rng.randint(0, 6),
+        arrivals.append(Arrival(prompt, kinds[i % len(kinds)], rng.randint(3, 10), rng.randint(0, 5),
                                 abort_at=4 if i == 2 else None))
     return arrivals
 
