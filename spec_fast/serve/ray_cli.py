@@ -143,7 +143,9 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
                       file=sys.stderr)
                 return 2
         catch_signals()  # again: Ray's core installs its own SIGTERM handler, which would end the process
-        serve.start(proxy_location="HeadOnly", http_options={"host": args.host, "port": args.port})
+        # -q: Serve's controller, proxy and replicas log warnings only (their access lines included)
+        serve.start(proxy_location="HeadOnly", http_options={"host": args.host, "port": args.port},
+                    logging_config={"log_level": "WARNING"} if args.quiet else None)
         spec = ReplicaSpec(settings=settings, model_name=model_name, max_batch=args.max_batch,
                            max_queue=args.max_queue, depth_policy=args.depth_policy, api_key=args.api_key,
                            quiet=bool(args.quiet),
