@@ -209,8 +209,10 @@ def _wait_running(options: RayOptions, stop: threading.Event, note: Any) -> str 
         status = str(getattr(app.status, "value", app.status)) if app is not None else "NOT_STARTED"
         if status == "RUNNING":
             return None
-        if status == "DEPLOY_FAILED":
-            return f"the replicas failed to start: {_replica_error(app.message if app else '')}"
+        if status == "DEPLOY_FAILED" and app is not None:
+            # the application's message is generic; the deployment's holds the replica's traceback
+            messages = "\n".join([*(d.message for d in app.deployments.values()), app.message])
+            return f"the replicas failed to start: {_replica_error(messages)}"
         if app is not None and app.message and app.message != last:
             last = app.message
             note(f"ray: {_first_line(last)}")
@@ -230,8 +232,9 @@ def _replica_summary(options: RayOptions) -> str:
 
 def _replica_error(message: str) -> str:
     """The model's own error line out of Ray's deployment message (which carries the replica's traceback)."""
-    found = re.search(r"spec-fast replica: (.+)", message)
-    return found[1].strip() if found else _first_line(message)
+    # the exception's own line comes last (the traceback before it quotes the source that raised it)
+    found = re.findall(r"spec-fast replica: (.+)", message)
+    return found[-1].strip() if found else _first_line(message)
 
 
 def _first_line(err: object) -> str:

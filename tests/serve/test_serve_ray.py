@@ -108,6 +108,21 @@ def test_two_replicas_answer_concurrent_clients_as_the_single_process_server(
         assert len(answered_by) == 24 and "" not in answered_by and len(set(answered_by)) == 2, answered_by
 
 
+def test_a_model_that_fails_to_load_ends_the_command_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    server = ServerProcess(["--model", str(empty), "--draft", "none", "--ray", "--ray-start-timeout", "180"])
+    server.start(wait=False)
+    try:
+        assert server.proc is not None and server.proc.wait(START_TIMEOUT_S) == 2
+        errors = [line for line in server.output().splitlines() if line.startswith("spec-fast: error:")]
+    finally:
+        server.__exit__(None, None, None)
+    # the replica's own error line, found in Ray's status message (which carries its traceback)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("spec-fast: error: the replicas failed to start: the model failed to load: ")
+
+
 # ---------------------------------------------------------------------------------- a two-node cluster
 @pytest.fixture
 def two_node_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
