@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench._git import git_commit  # noqa: E402
-from bench.serve import OUT_DIR, Server, ours, one_request, run_level  # noqa: E402
+from bench.serve import OUT_DIR, Server, ours, run_rotated  # noqa: E402
 from spec_fast.serve.ray_cli import REPLICA_HEADER  # noqa: E402
 
 CONFIGS = [("single process", []), ("ray, 1 replica", ["--ray", "--replicas", "1"]),
@@ -97,27 +97,19 @@ def main() -> int:
     from spec_fast.drafts.prompts import HELDOUT_PROMPTS
 
     prompts = list(HELDOUT_PROMPTS)
-    rows: list[dict[str, Any]] = []
     memory: dict[str, dict[str, float]] = {}
     uptime_before = Path("/proc/loadavg").read_text().strip()
     servers: list[Server] = []
     try:
-        # every server first, then each level runs them in an order rotated from level to level, so that a
-        # slow phase of the shared machine does not fall on one of them only (as bench/serve.py does)
+        # every server first, then the levels on all of them in rotated order (bench/serve.py's run_rotated)
         for name, extra in CONFIGS:
             servers.append(ours(name, args, extra))
             warm_up(servers[-1], int(extra[-1]) if extra else 1, prompts[0])
             memory[name] = rss_mib(servers[-1].proc.pid)
-        for index, clients in enumerate(levels):
-            for server in servers[index % len(servers):] + servers[:index % len(servers)]:
-                row = run_level(server, clients, args.requests, args.max_tokens, prompts)
-                print(f"{server.name} x{clients}: {row['tokens_per_s']:.1f} tok/s, load "
-                      f"{row['load_avg_1m_before']:.2f}", file=sys.stderr, flush=True)
-                rows.append(row)
+        rows = run_rotated(servers, levels, args.requests, args.max_tokens, prompts)
     finally:
         for server in servers:
             server.stop()
-    rows.sort(key=lambda r: ([name for name, _ in CONFIGS].index(r["system"]), r["clients"]))
     write(rows, args, levels, memory, uptime_before)
     return 0
 
