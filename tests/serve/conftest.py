@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-pytest.importorskip("fastapi", reason="spec-fast serve needs the serve extra")
-pytest.importorskip("openai", reason="the serve tests call the server with the openai client")
-
-from tests.serve.server import ServerProcess  # noqa: E402
+if TYPE_CHECKING:  # the server helper needs httpx (the test extra); each test module skips without it
+    from tests.serve.server import ServerProcess
 
 API_KEY = "test-key"
 #: the tiny model's context (positions): small enough that the context tests need no large prompt
@@ -29,6 +28,8 @@ def tiny_serve_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_serve_model_dir: str) -> Iterator[ServerProcess]:
+    from tests.serve.server import ServerProcess
+
     server = ServerProcess(["--model", tiny_serve_model_dir, *TINY_ARGS, "--max-batch", "4", "--max-queue", "32",
                             "--served-model-name", "tiny"], api_key=API_KEY)
     with server:

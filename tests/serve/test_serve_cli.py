@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from spec_fast.cli import build_parser, main
-from tests.serve.server import ROOT, ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_shares_generates_model_flags_and_their_defaults() -> None:
@@ -64,6 +65,10 @@ def test_serve_help_imports_neither_torch_nor_the_web_stack() -> None:
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn", reason="spec-fast serve needs the serve extra")
+    pytest.importorskip("httpx")
+    from tests.serve.server import ServerProcess
+
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     server = ServerProcess(["--model", str(empty), "--draft", "none"])

@@ -14,7 +14,7 @@ pytest.importorskip("openai")
 
 from tests.serve.server import ServerProcess  # noqa: E402
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 MAX_TOKENS = 40
 
