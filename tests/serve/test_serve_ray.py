@@ -20,6 +20,7 @@ import pytest
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra"),
               pytest.mark.slow]
+pytest.importorskip("fastapi", reason="spec-fast serve needs the serve extra")
 pytest.importorskip("openai")
 import httpx  # noqa: E402
 import openai  # noqa: E402

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from spec_fast.cli import main
-from tests.serve.server import ROOT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("args, message", [
