@@ -202,26 +202,34 @@ def main() -> int:
     configs = [("ours-plain", ["--draft", "none", "--strategy", "ar"]), ("ours-default", [])]
     if args.llama_server:
         configs.append(("llama.cpp", []))
-    rows: list[dict[str, Any]] = []
     servers: list[Server] = []
     try:
         for name, extra in configs:
             servers.append(llama(args) if name == "llama.cpp" else ours(name, args, extra))
             with httpx.Client() as client:  # warm-up: first-use costs out of the numbers
                 one_request(servers[-1], client, prompts[0], 16)
-        for level, clients in enumerate(levels):
-            for server in servers[level % len(servers):] + servers[: level % len(servers)]:
-                row = run_level(server, clients, args.requests, args.max_tokens, prompts)
-                print(f"{server.name} x{clients}: {row['tokens_per_s']:.1f} tok/s, TTFT p50 "
-                      f"{row['ttft_p50_s'] * 1e3:.0f} ms, TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms, load "
-                      f"{row['load_avg_1m_before']:.2f}", file=sys.stderr, flush=True)
-                rows.append(row)
+        rows = run_rotated(servers, levels, args.requests, args.max_tokens, prompts)
     finally:
         for server in servers:
             server.stop()
-    rows.sort(key=lambda r: ([name for name, _ in configs].index(r["system"]), r["clients"]))
     write(rows, args, levels)
     return 0
+
+
+def run_rotated(servers: list[Server], levels: list[int], requests: int, max_tokens: int,
+                prompts: list[str]) -> list[dict[str, Any]]:
+    """Every level on every server, the servers in an order rotated from level to level (a slow phase of the
+    shared machine hits them alike); the rows sorted by server (in ``servers``' order), then clients."""
+    rows: list[dict[str, Any]] = []
+    for level, clients in enumerate(levels):
+        for server in servers[level % len(servers):] + servers[: level % len(servers)]:
+            row = run_level(server, clients, requests, max_tokens, prompts)
+            print(f"{server.name} x{clients}: {row['tokens_per_s']:.1f} tok/s, TTFT p50 "
+                  f"{row['ttft_p50_s'] * 1e3:.0f} ms, TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms, load "
+                  f"{row['load_avg_1m_before']:.2f}", file=sys.stderr, flush=True)
+            rows.append(row)
+    names = [server.name for server in servers]
+    return sorted(rows, key=lambda r: (names.index(r["system"]), r["clients"]))
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int]) -> None:

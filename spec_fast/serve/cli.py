@@ -18,6 +18,7 @@ import signal
 import sys
 from typing import Any
 
+from spec_fast.serve.ray_cli import add_ray_flags, check_ray_flags, serve_ray
 from spec_fast.settings import GenerateSettings, SettingError, resolve_settings
 
 __all__ = ["add_serve_parser", "serve", "SHARED_FLAGS", "DEFAULT_MODEL_NAME"]
@@ -66,6 +67,7 @@ def add_serve_parser(subparsers: Any, generate: argparse.ArgumentParser) -> argp
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds that requests in flight get to finish before they "
                              "are aborted (default 10)")
+    add_ray_flags(parser)
     return parser
 
 
@@ -87,6 +89,11 @@ def _check_flags(args: argparse.Namespace) -> GenerateSettings:
                             dual=args.dual, quantize=args.quantize, lean=args.lean)
 
 
+def served_model_name(args: argparse.Namespace) -> str:
+    """The model id clients send and ``/v1/models`` lists."""
+    return str(args.served_model_name or (args.model if args.model is not None else DEFAULT_MODEL_NAME))
+
+
 def _log_config(quiet: bool) -> dict[str, Any]:
     """uvicorn's logging with the access log on stderr too (stdout is for text); ``quiet``: warnings only."""
     from uvicorn.config import LOGGING_CONFIG
@@ -103,9 +110,12 @@ def serve(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM or Ctrl-C; the exit status."""
     try:
         settings = _check_flags(args)
+        ray_options = check_ray_flags(args)
     except SettingError as err:
         print(f"spec-fast: error: {err.cli_message()}", file=sys.stderr)
         return 2
+    if ray_options is not None:  # the same app as Ray Serve replicas (spec_fast/serve/ray_cli.py)
+        return serve_ray(args, settings, ray_options, served_model_name(args))
     try:
         import uvicorn
 
@@ -123,8 +133,7 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    name = args.served_model_name or (args.model if args.model is not None else DEFAULT_MODEL_NAME)
-    config = ServeConfig(model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
+    config = ServeConfig(model_name=served_model_name(args), max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key, on_load_error=on_load_error)
     app = create_app(lambda: _load(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet), config)
     grace_s = float(args.shutdown_timeout)
