@@ -44,8 +44,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def package_version() -> str:
+    """The installed spec-verify version (its package metadata; pyproject.toml's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spec-verify")
+    except PackageNotFoundError:
+        return "unknown (spec-verify is not installed; pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Lossless speculative decoding (spec_fast).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser(
         "generate", help="generate text for a prompt",
