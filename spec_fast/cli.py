@@ -168,8 +168,8 @@ def _read_prompt(prompt: str | None) -> str:
     if stream is None:  # a text stream without bytes (a test's StringIO)
         return check_text("prompt", sys.stdin.read())
     data = stream.read()
-    try:
-        return str(data.decode("utf-8"))
+    try:  # newlines as text-mode stdin read them
+        return str(data.decode("utf-8")).replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as err:
         raise SettingError("prompt", f"stdin is not valid UTF-8 text (byte 0x{data[err.start]:02x} at byte "
                                      f"{err.start}); give UTF-8 text (e.g. iconv -t UTF-8)") from None

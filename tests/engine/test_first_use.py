@@ -202,3 +202,12 @@ def test_an_unreachable_hub_fails_in_seconds_not_a_minute() -> None:
         start = time.monotonic()
         line = _one_error_line(_cli(["generate", "hi", "--model", "someorg/some-model-not-cached"], env=env))
         assert time.monotonic() - start < 30 and "cannot be reached" in line, line
+
+
+def test_stdin_is_decoded_as_utf8_with_text_mode_newlines(monkeypatch: pytest.MonkeyPatch) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO("Grüße\r\nzwei\rdrei\n".encode()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert cli._read_prompt("-") == "Grüße\nzwei\ndrei\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok \xc3("), encoding="utf-8"))
+    with pytest.raises(SettingError, match=r"stdin is not valid UTF-8 text \(byte 0xc3 at byte 3\)"):
+        cli._read_prompt("-")
