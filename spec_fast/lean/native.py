@@ -12,8 +12,11 @@ arithmetic at SmolLM2's size). All are compiled on first use with ``$CC`` (defau
 compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
 extension build, about a second of compilation.
 
-Where no compiler is found, the build fails, or ``SPEC_FAST_NATIVE=0`` is set, :func:`available` is False
-and the lean forward keeps torch's matrix products (same results up to float32 rounding).
+Where no compiler is found, a source is missing, the build fails, or ``SPEC_FAST_NATIVE=0`` is set,
+:func:`available` is False and the lean forward keeps torch's matrix products (same results up to float32
+rounding); the first three print one notice on stderr naming the cause and the fix. Every native call checks
+its tensors first (dtype, device, rank, layout, sizes: a ``ValueError`` naming the argument), since C reads
+raw memory. :func:`build` compiles for another ``-march`` (the tests' portable build).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled", "mm_blocks",
-           "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled",
+           "mm_blocks", "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason",
+           "unpack_blocks", "unpack_float32", "using"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
@@ -141,7 +145,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as err:
         return None, f"the compiler {compiler} did not run: {err}"
-    key = hashlib.sha256(source + version.encode() + " ".join(_FLAGS).encode() + _cpu_identity().encode()).hexdigest()[:16]
+    identity = source + version.encode() + " ".join(_FLAGS).encode() + _cpu_identity().encode()
+    key = hashlib.sha256(identity).hexdigest()[:16]
     from spec_fast.cache import cache_root
 
     folder = os.path.join(cache_root(), "kernels", key)
@@ -420,18 +425,21 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     for name, table in (("cos", cos), ("sin", sin)):
         _check(name, table, torch.float32, table.dim() if isinstance(table, torch.Tensor) else 0, contiguous=True)
         if table.numel() != batch * num_query * dim or int(table.shape[-1]) != dim:
-            raise ValueError(f"{name} must hold [{batch}, {num_query}, {dim}] rows, got {name}.shape={tuple(table.shape)}")
+            raise ValueError(f"{name} must hold [{batch}, {num_query}, {dim}] rows, got "
+                             f"{name}.shape={tuple(table.shape)}")
     if mask is not None:
         _check("mask", mask, torch.float32, mask.dim() if isinstance(mask, torch.Tensor) else 0, contiguous=True)
         if mask.numel() != batch * num_query * (past + num_query) or int(mask.shape[-1]) != past + num_query:
-            raise ValueError(f"mask must be [{batch}, {num_query}, {past + num_query}], got mask.shape={tuple(mask.shape)}")
+            raise ValueError(f"mask must be [{batch}, {num_query}, {past + num_query}], got "
+                             f"mask.shape={tuple(mask.shape)}")
     for name, buffer in (("keys", keys), ("values", values)):
         _check(name, buffer, torch.float32, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
         if int(buffer.shape[2]) < past + num_query:
             raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
                              f"{name}.shape={tuple(buffer.shape)}")
     if tuple(keys.shape) != tuple(values.shape):
-        raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got values.shape={tuple(values.shape)}")
+        raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
+                         f"values.shape={tuple(values.shape)}")
     status = lib.spec_fast_layer(ctypes.byref(weights), x.data_ptr(), batch, num_query, cos.data_ptr(),
                                  sin.data_ptr(), None if mask is None else mask.data_ptr(), past,
                                  keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), torch.get_num_threads())

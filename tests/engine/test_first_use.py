@@ -26,7 +26,8 @@ from spec_fast.settings import SettingError, cpu_cores, resolve_settings, thread
 from tests.engine.test_shell import ROOT, imported_modules
 
 
-def _cli(args: list[bytes | str], stdin: bytes = b"", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def _cli(args: list[bytes | str], stdin: bytes = b"",
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-X", "importtime", "-m", "spec_fast", *args], input=stdin,
                           capture_output=True, cwd=ROOT, timeout=120, env={**os.environ, **(env or {})})
 

@@ -123,7 +123,8 @@ def _calls() -> dict[str, tuple[Call, str]]:
         "f32 x strided": (lambda: native.mm_float32(torch.randn(3, 128)[:, ::2], packed, 70), ""),
         "blocks kind": (lambda: native.mm_blocks("q5_0", x, blocks, 70), "kind must be one of"),
         "blocks packed of another kind": (lambda: native.mm_blocks("q4_1", x, blocks, 70), "packed must have shape"),
-        "blocks x width": (lambda: native.mm_blocks("q8_0", torch.randn(3, 32), blocks, 70), "x must have shape [*, 64]"),
+        "blocks x width": (lambda: native.mm_blocks("q8_0", torch.randn(3, 32), blocks, 70),
+                           "x must have shape [*, 64]"),
         "blocks x dtype": (lambda: native.mm_blocks("q8_0", x.bfloat16(), blocks, 70), "x must be torch.float32"),
         "blocks out_features": (lambda: native.mm_blocks("q8_0", x, blocks, 0), "out_features must be an int"),
         "pack weight rank": (lambda: native.pack_float32(torch.randn(64)), "weight must be a floating-point [N, K]"),
@@ -153,17 +154,23 @@ def test_the_native_layer_checks_its_arguments() -> None:
     cos = sin = torch.ones(1, 2, dim)
     keys, values = torch.zeros(1, heads, 4, dim), torch.zeros(1, heads, 4, dim)
     native.run_layer(weights, x.clone(), cos, sin, None, 0, keys, values)  # the control: runs
+
+    def call(**changed: Any) -> Call:
+        args: dict[str, Any] = {"x": x, "cos": cos, "sin": sin, "mask": None, "past": 0, "keys": keys,
+                                "values": values, **changed}
+        return lambda: native.run_layer(weights, *args.values())
+
     bad: list[tuple[Call, str]] = [
-        (lambda: native.run_layer(weights, x.double(), cos, sin, None, 0, keys, values), "x must be torch.float32"),
-        (lambda: native.run_layer(weights, x[..., :-1].contiguous(), cos, sin, None, 0, keys, values), "x must have shape"),
-        (lambda: native.run_layer(weights, torch.randn(1, 2, 2 * hidden)[..., ::2], cos, sin, None, 0, keys, values), "x must be contiguous"),
-        (lambda: native.run_layer(weights, x, cos[:, :1], sin, None, 0, keys, values), "cos must hold"),
-        (lambda: native.run_layer(weights, x, cos, sin.half(), None, 0, keys, values), "sin must be torch.float32"),
-        (lambda: native.run_layer(weights, x, cos, sin, torch.zeros(1, 2, 3), 0, keys, values), "mask must be"),
-        (lambda: native.run_layer(weights, x, cos, sin, None, 3, keys, values), "keys must hold at least"),
-        (lambda: native.run_layer(weights, x, cos, sin, None, -1, keys, values), "past must be an int >= 0"),
-        (lambda: native.run_layer(weights, x, cos, sin, None, 0, keys, values[:, :, :3].contiguous()), "values must"),
-        (lambda: native.run_layer(weights, x, cos, sin, None, 0, keys[:, :1].contiguous(), values), "keys must have shape"),
+        (call(x=x.double()), "x must be torch.float32"),
+        (call(x=x[..., :-1].contiguous()), "x must have shape"),
+        (call(x=torch.randn(1, 2, 2 * hidden)[..., ::2]), "x must be contiguous"),
+        (call(cos=cos[:, :1]), "cos must hold"),
+        (call(sin=sin.half()), "sin must be torch.float32"),
+        (call(mask=torch.zeros(1, 2, 3)), "mask must be"),
+        (call(past=3), "keys must hold at least"),
+        (call(past=-1), "past must be an int >= 0"),
+        (call(values=values[:, :, :3].contiguous()), "values must"),
+        (call(keys=keys[:, :1].contiguous()), "keys must have shape"),
     ]
     for call, message in bad:
         with pytest.raises(ValueError, match="^" + message):

@@ -39,5 +39,6 @@ def test_the_kernels_match_the_reference_at_the_float_edges(solver: str, dtype: 
         assert float(rate[0]) == pytest.approx(float(reference.acceptance(p64, q64, k)), abs=tolerance)
         for u in (0.0, 0.3, 0.7):
             uniforms = torch.full((len(tuples), 2 * k + 2), u, dtype=torch.float64)
-            sampled = solver_sample(solver, target.expand(len(tuples), 3), draft.expand(len(tuples), 3), tokens, uniforms)
+            rows = len(tuples)
+            sampled = solver_sample(solver, target.expand(rows, 3), draft.expand(rows, 3), tokens, uniforms)
             assert bool((laws.gather(1, sampled[:, None]) > 0).all()), (u, sampled)
