@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -38,6 +39,11 @@ def main() -> int:
     parser.add_argument("--only", default="", help="configuration names separated by ;")
     parser.add_argument("--out", default="", help="result file stem under bench/results")
     args = parser.parse_args()
+    # the commit the run starts from (HEAD may move while it runs; a dirty tree is marked as such)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=os.path.dirname(RESULTS)).stdout.strip()
+    at_commit = git_commit() + ("+dirty" if dirty else "")
+    print(f"engine_power: running at commit {at_commit}", file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     law = ar_law()
     records = []
@@ -63,7 +69,7 @@ def main() -> int:
         print(json.dumps(record), file=sys.stderr, flush=True)
     out = {
         "command": "PYTHONPATH=$PWD python scripts/engine_power.py " + " ".join(sys.argv[1:]),
-        "commit": git_commit(), "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "commit": at_commit, "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "torch": torch.__version__, "threads": args.threads, "alpha_per_config": ALPHA_CONFIG, "tv": TARGET_TV,
         "power_at_tv": power_at_target(args.rows), "detectable_tv": detectable_tv(args.rows), "records": records,
     }

@@ -6,6 +6,10 @@ the current source (``--check`` verifies that without running anything; a CI tes
 cannot rot). A mutant is *killed* when its tests fail (pytest exit status 1); anything else is reported:
 ``survived`` (tests pass), ``timeout``, ``error`` (collection/import error, exit status 2-4).
 
+Before any mutant runs, the union of the chosen mutants' tests must pass on the unmutated copy: a test that
+already fails would count every mutant it guards as killed, so the script refuses (exit status 2) and names
+the failing tests instead. The report names the commit it ran on.
+
 The test-side negative controls in ``tests/ref/mutants.py`` (solver subclasses fed to the exact and
 statistical checks) complement this catalogue: those prove a check *can* fail, these prove the product code
 is pinned by the suite.
@@ -210,6 +214,39 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests/engine/test_lean.py::test_the_native_float32_product_is_the_product_and_each_row_ignores_the_others",),
        "a row's product changes in its last bits when other rows share the pass (within float tolerance, "
        "so only the exact batch-invariance check can see it)"),
+    _m("native-activations-truncated", "spec_fast/lean/blocks.c",
+       "const int32_t q = (int32_t)nearbyintf(t);", "const int32_t q = (int32_t)truncf(t);",
+       ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
+       "activations quantised to int8 by truncation instead of llama.cpp's round-to-nearest"),
+    _m("native-activation-scale-128", "spec_fast/lean/blocks.c",
+       "const float d = amax / 127.f,", "const float d = amax / 128.f,",
+       ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
+       "activation groups scaled to +-128 instead of +-127"),
+    _m("native-layer-rotation-sign", "spec_fast/lean/layer.c",
+       "        turned[i] = -x[i + half];", "        turned[i] = x[i + half];",
+       ("tests/engine/test_lean_layer.py::test_the_native_layer_runs_and_computes_what_the_python_layer_computes",),
+       "the native layer rotates q and k the wrong way (rotate_half without its minus sign)"),
+    _m("native-layer-softmax-drops-last-slot", "spec_fast/lean/layer.c",
+       "for (int64_t j = 0; j < slots; ++j) total[h] += row[j];",
+       "for (int64_t j = 0; j + 1 < slots; ++j) total[h] += row[j];",
+       ("tests/engine/test_lean_layer.py::test_the_native_layer_runs_and_computes_what_the_python_layer_computes",),
+       "the attention's softmax normaliser leaves out the newest slot"),
+    # ------------------------------------------------------------------ model-free drafts and token emission
+    _m("retrieval-law-add-one", "spec_fast/drafts/retrieval.py",
+       "logits[b, q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights)).float()",
+       "logits[b, q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights + 1.0)).float()",
+       ("tests/drafts/test_retrieval.py",), "the retrieval law is add-one smoothed counts, not the counts"),
+    _m("retrieval-ties-to-the-datastore", "spec_fast/drafts/retrieval.py",
+       "        if m_own >= m_data and m_own > 0:", "        if m_own > m_data and m_own > 0:",
+       ("tests/drafts/test_retrieval.py",), "an own-text match as long as the datastore's loses to it"),
+    _m("hybrid-threshold-strict", "spec_fast/drafts/retrieval.py",
+       "use = (lengths >= self.min_match)", "use = (lengths > self.min_match)",
+       ("tests/drafts/test_retrieval.py",), "a match of exactly min_match tokens takes the model's law"),
+    _m("engine-emits-past-eos", "spec_fast/engine.py",
+       "                new_tokens[b].append(t)\n                if t in st.eos:\n                    break",
+       "                new_tokens[b].append(t)\n                if t in st.eos:\n                    pass",
+       ("tests/engine/test_greedy.py::test_generation_stops_at_eos_like_hf_generate",),
+       "the engine keeps emitting a step's accepted tokens after EOS"),
 )
 
 
@@ -293,6 +330,26 @@ def run_one(mutant: Mutant, copy: Path, timeout: float, at_commit: str) -> dict[
     }
 
 
+def baseline(copy: Path, tests: list[str], timeout: float) -> tuple[int, list[str], str]:
+    """Run ``tests`` on the unmutated ``copy``: ``(pytest exit status, failing tests, output tail)``."""
+    env = dict(os.environ, CI="true", PYTHONPATH=str(copy), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-m", "not gpu", *tests]
+    try:
+        proc = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, [], f"timed out after {timeout:.0f} s"
+    output = proc.stdout + proc.stderr
+    failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, flags=re.MULTILINE)
+    return proc.returncode, failing, output[-1500:]
+
+
+def union_of_tests(mutants: list[Mutant]) -> list[str]:
+    """The chosen mutants' pytest arguments, each once, a node id dropped where its whole file is listed."""
+    tests = list(dict.fromkeys(t for m in mutants for t in m.tests))
+    files = {t for t in tests if "::" not in t}
+    return [t for t in tests if t.split("::")[0] not in files or "::" not in t]
+
+
 def hardware() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
 
@@ -317,7 +374,8 @@ def write_results(results: list[dict[str, object]], command: str, seconds: float
         f"**{killed} of {len(results)} mutants killed.** Each mutant is an exact text patch of one source file "
         "(catalogue in `scripts/mutants.py`), applied alone to a temporary copy of the repository; it is killed "
         "when the listed tests fail. The commit column names the source each mutant's run copied (a later "
-        "`--update` re-runs the listed mutants after a fix).", "",
+        "`--update` re-runs the listed mutants after a fix). Before the first mutant, the union of the listed "
+        "tests passed on the unmutated source (the script refuses to run otherwise).", "",
         "| mutant | file | lossy/wrong behaviour | status | killing test | s | commit |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -359,6 +417,16 @@ def main(argv: list[str] | None = None) -> int:
         copy = Path(tmp)
         at_commit = commit()  # the source the copy holds (HEAD may move while the run goes on)
         copy_repository(copy)
+        print(f"mutation run at commit {at_commit}", flush=True)
+        tests = union_of_tests(chosen)
+        code, failing, tail = baseline(copy, tests, args.timeout * 2)
+        if code != 0:
+            print(f"error: the selected tests do not pass on the unmutated source (pytest exit status {code}); a "
+                  f"failing test would count as a kill. Fix these first: {', '.join(failing) or tail}",
+                  file=sys.stderr)
+            return 2
+        print(f"baseline: the {len(tests)} selected test arguments pass on the unmutated source "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
         for mutant in chosen:
             result = run_one(mutant, copy, args.timeout, at_commit)
             results.append(result)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from spec_fast.drafts.heads import WEIGHTS_DIR, distilled_state  # noqa: E402
-from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts  # noqa: E402
+from spec_fast.drafts.prompts import DATASTORE_EXCLUDED, HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts  # noqa: E402
 from spec_fast.drafts.retrieval import datastore_sequences, save_datastore  # noqa: E402
 from spec_fast.drafts.training import (  # noqa: E402
     TeacherData,
@@ -110,10 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     tokens = int(data.lengths.sum())
     print(f"data: {len(pairs)} sequences, {tokens} tokens, {time.perf_counter() - start:.0f}s", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
-    # the retrieval draft's datastore: the target's responses to the training prompts (no training)
-    save_datastore(os.path.join(args.out, "datastore.npz"), datastore_sequences(pairs),
-                   {"command": "python scripts/train_drafts.py", "sequences": str(len(pairs)),
-                    "prompts": "TRAIN_PROMPTS + synthetic_prompts (spec_fast.drafts.prompts)"})
+    # the retrieval draft's datastore: the target's responses to the training prompts (no training), less
+    # the near-paraphrases of benchmark prompts (DATASTORE_EXCLUDED, tests/drafts/test_prompt_hygiene.py)
+    # (pairs hold one round over every prompt per sample round: pair i answers prompts[i % len(prompts)])
+    kept = [pair for i, pair in enumerate(pairs) if prompts[i % len(prompts)] not in DATASTORE_EXCLUDED]
+    save_datastore(os.path.join(args.out, "datastore.npz"), datastore_sequences(kept),
+                   {"command": "python scripts/train_drafts.py", "sequences": str(len(kept)),
+                    "prompts": "TRAIN_PROMPTS + synthetic_prompts (spec_fast.drafts.prompts)",
+                    "excluded": json.dumps(list(DATASTORE_EXCLUDED))})
     meta_common = {
         "command": "python scripts/train_drafts.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
         "config": json.dumps(config.__dict__, sort_keys=True),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from spec_fast.settings import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, ModelSource, SettingError,
-                                resolve_settings)
+                                check_text, resolve_settings)
 
 if TYPE_CHECKING:  # the engine (torch) is imported only once a model loads
     from spec_fast.metrics import GenerationMetrics
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the engine (torch) is imported only once a model loads
 __all__ = ["Completion", "generate", "prompt_messages", "load_decoder", "complete", "StopTextStream"]
 
 #: A prompt: a user message, or a conversation of ``{"role": "system"|"user"|"assistant", "content": str}``.
-Prompt = Union[str, Sequence[Mapping[str, str]]]
+Prompt = Union[str, bytes, Sequence[Mapping[str, str]]]
 _ROLES = ("system", "user", "assistant")
 
 
@@ -54,8 +54,16 @@ class Completion:
 
 
 def prompt_messages(prompt: Prompt, system: str | None = None, chat: bool = True) -> str | list[dict[str, str]]:
-    """Check ``prompt``: the raw text (``chat=False``) or the list of chat messages to send."""
+    """Check ``prompt``: the raw text (``chat=False``) or the list of chat messages to send. Bytes are decoded
+    as UTF-8; text that is not UTF-8 (bytes, or a str holding lone surrogates) is a :class:`SettingError`."""
+    if isinstance(prompt, (bytes, bytearray)):
+        try:
+            prompt = bytes(prompt).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise SettingError("prompt", f"is not valid UTF-8 text (byte 0x{prompt[err.start]:02x} at byte "
+                                         f"{err.start}); give UTF-8 text") from None
     if isinstance(prompt, str):
+        check_text("prompt", prompt)
         if not prompt.strip():
             raise SettingError("prompt", "must be a non-empty string, got an empty prompt")
         if not chat:
@@ -73,6 +81,7 @@ def prompt_messages(prompt: Prompt, system: str | None = None, chat: bool = True
                 or message["role"] not in _ROLES or not isinstance(message["content"], str)):
             raise SettingError("prompt", f"message {i} must be {{'role': one of {_ROLES}, 'content': str}}, "
                                          f"got {message!r}")
+        check_text("prompt", message["content"])
         messages.append({"role": message["role"], "content": message["content"]})
     if system is not None:
         if messages[0]["role"] == "system":
@@ -173,7 +182,9 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     from spec_fast.models import load_cached_lean, load_model
 
     if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
+        from spec_fast.models import set_threads
+
+        set_threads(settings.threads, notify)
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise SettingError("device", f"{settings.device!r} requested but torch sees no CUDA device")
     source = settings.model
@@ -186,14 +197,14 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
             # HF modules load the HF model beside it, _load_drafter)
             cached = load_cached_lean(source.path, source.gguf_file, settings.device)
         if settings.quantize == "gguf":  # the file's own blocks, no HF model
-            model, tokenizer = load_model(source.path, device=settings.device, gguf_file=source.gguf_file,
+            model, tokenizer = load_model(source.path, device=settings.device, gguf_file=source.gguf_file, threads=None,
                                           notify=notify, quantize="gguf")
             hf_model = None
         elif cached is not None:
             model, tokenizer = cached
             hf_model = None
         else:
-            hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device,
+            hf_model, tokenizer = load_model(source.path, dtype=settings.dtype, device=settings.device, threads=None,
                                              gguf_file=source.gguf_file, notify=notify)
             model = hf_model
             from spec_fast.lean import supports
@@ -234,7 +245,7 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
     if name.startswith("early-exit:"):
         return EarlyExitDrafter(loaded.model, int(name.split(":", 1)[1]))
     if source is not None:
-        draft_model, _ = load_model(source.path, dtype=settings.dtype, device=settings.device,
+        draft_model, _ = load_model(source.path, dtype=settings.dtype, device=settings.device, threads=None,
                                     gguf_file=source.gguf_file, notify=notify)
         return ModelDrafter(draft_model)
     from spec_fast.drafts.heads import load_drafter
@@ -242,7 +253,7 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
     if name == "retrieval":  # needs only the vocabulary size
         return load_drafter(name, loaded.model)
     if loaded.hf_model is None:  # the target came from the model cache without transformers
-        loaded.hf_model, _ = load_model(loaded.key[0].path, dtype=settings.dtype, device=settings.device,
+        loaded.hf_model, _ = load_model(loaded.key[0].path, dtype=settings.dtype, device=settings.device, threads=None,
                                         gguf_file=loaded.key[0].gguf_file, notify=notify)
     return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
 

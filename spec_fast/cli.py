@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from spec_fast.settings import (
     DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, QUANTIZE_CHOICES,
     SettingError,
+    check_text,
     resolve_settings,
+    unescape,
 )
 from spec_fast.strategies import DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
 
@@ -44,8 +46,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def package_version() -> str:
+    """The installed spec-verify version (its package metadata; pyproject.toml's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spec-verify")
+    except PackageNotFoundError:
+        return "unknown (spec-verify is not installed; pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Lossless speculative decoding (spec_fast).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser(
         "generate", help="generate text for a prompt",
@@ -91,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     gen.add_argument("--stop", action="append", default=None, metavar="STRING",
-                     help="stop when the text contains STRING (repeatable); the output ends before it")
+                     help="stop when the text contains STRING (repeatable); the output ends before it. "
+                          "Escapes as typed in a shell: \\n (backslash n) is a newline, \\t a tab, \\r, "
+                          "\\\\ a backslash, \\xHH and \\uXXXX that character")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=DTYPES)
     gen.add_argument("--quantize", default="auto", choices=list(QUANTIZE_CHOICES),
@@ -144,11 +160,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _read_prompt(prompt: str | None) -> str:
+    """The prompt argument, else stdin read as bytes and decoded as UTF-8 (a one-line error otherwise)."""
     if prompt is not None and prompt != "-":
-        return prompt
+        return check_text("prompt", prompt)
     if prompt is None and sys.stdin is not None and sys.stdin.isatty():
         raise SettingError("prompt", "missing; give it as an argument, or pipe it in (or pass '-' to type it)")
-    return sys.stdin.read() if sys.stdin is not None else ""
+    if sys.stdin is None:
+        return ""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes (a test's StringIO)
+        return check_text("prompt", sys.stdin.read())
+    data = stream.read()
+    try:  # newlines as text-mode stdin read them
+        return str(data.decode("utf-8")).replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as err:
+        raise SettingError("prompt", f"stdin is not valid UTF-8 text (byte 0x{data[err.start]:02x} at byte "
+                                     f"{err.start}); give UTF-8 text (e.g. iconv -t UTF-8)") from None
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -161,7 +188,8 @@ def _main(argv: Sequence[str] | None) -> int:
         settings = resolve_settings(
             model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,
             verifier=args.verifier, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()), system=args.system,
+            seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(unescape(s) for s in args.stop or ()),
+            system=args.system,
             chat=not args.no_chat, dtype=args.dtype, device=args.device, threads=args.threads, dual=args.dual,
             quantize=args.quantize, lean=args.lean,
         )
@@ -183,6 +211,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from spec_fast.api import complete, load_decoder
 
         decoder, tokenizer = load_decoder(settings, notify=None if args.quiet else _note)
+        if live is not None:
+            live.begin()  # the rate counts decoding only, as the summary's tok/s does (not the model load)
         completion = complete(decoder, tokenizer, messages, settings, on_text=on_text if streaming else None,
                               on_step=live.update if live is not None else None)
     except SettingError as err:
@@ -215,6 +245,10 @@ class _LiveStatus:
         self.start = time.perf_counter()
         self.last = 0.0
         self.shown = False
+
+    def begin(self) -> None:
+        """Generation starts now (the summary's tokens_per_s divides by the time from here)."""
+        self.start = time.perf_counter()
 
     def update(self, tokens: int, steps: int) -> None:
         now = time.perf_counter()

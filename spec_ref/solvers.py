@@ -84,10 +84,10 @@ def accept_probability(draft_mass: Any, target_mass: Any) -> Any:
     """P(u * draft_mass < target_mass) for u ~ U[0, 1): ``min(1, target/draft)``, 1 if draft = 0 < target."""
     if not target_mass > 0:
         return target_mass * 0
-    if not draft_mass > 0:
+    if not draft_mass > target_mass:
+        # decided before dividing: a subnormal draft_mass made target/draft overflow to inf, then inf * 0 = NaN
         return target_mass * 0 + 1
-    ratio = target_mass / draft_mass
-    return ratio if ratio < 1 else ratio * 0 + 1
+    return target_mass / draft_mass
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +74,26 @@ else:
     settings.load_profile("dev")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _model_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """De-quantised models (spec_fast.cache) go to a fresh folder per session, never the user's cache;
-    it is removed at the end (an entry of SmolLM2 takes 540 MB)."""
-    folder = str(tmp_path_factory.mktemp("spec-fast-cache"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SPEC_FAST_CACHE", folder)
-        yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+_CACHE_FOLDER: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """De-quantised models and the native kernels (spec_fast.cache) go to a fresh folder per session, never
+    the user's cache; set before collection (a module that asks whether the kernels are available at import
+    builds them) and removed at the end (an entry of SmolLM2 takes 540 MB)."""
+    if not _CACHE_FOLDER:
+        _CACHE_FOLDER.append(tempfile.mkdtemp(prefix="spec-fast-cache-"))
+        os.environ["SPEC_FAST_CACHE"] = _CACHE_FOLDER[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _CACHE_FOLDER:
+        shutil.rmtree(_CACHE_FOLDER.pop(), ignore_errors=True)
+
+
+@pytest.fixture
+def native_kernels() -> None:
+    """The native kernels must be available: skip without them, fail with ``CI=true`` (tests/native_kernels.py)."""
+    from tests.native_kernels import require_native
+
+    require_native()

@@ -54,7 +54,7 @@ def test_every_declared_dependency_has_a_pin_inside_its_declared_range() -> None
 
 
 def test_every_pip_install_of_the_setup_scripts_uses_the_constraints() -> None:
-    for script in ("setup.sh", "test_numpy_only.sh"):
+    for script in ("setup.sh", "test_numpy_only.sh", "test_wheel.sh"):
         installs = [line for line in (ROOT / "scripts" / script).read_text().splitlines()
                     if "pip install" in line and not line.lstrip().startswith("#")]
         assert installs, script

@@ -50,3 +50,34 @@ def test_the_fast_subset_of_mutants_is_killed() -> None:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 of 4 mutants killed" in proc.stdout
+
+
+def test_the_baseline_reports_tests_that_already_fail(tmp_path: Path) -> None:
+    """A test failing on the unmutated source would count as a kill: the baseline names it (the control: a
+    passing test gives exit status 0 and no failures)."""
+    mutants = _catalogue()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_probe.py").write_text("def test_ok():\n    pass\n\n\ndef test_broken():\n    assert False\n")
+    code, failing, _ = mutants.baseline(tmp_path, ["tests/test_probe.py::test_broken"], 120)
+    assert code == 1 and failing == ["tests/test_probe.py::test_broken"]
+    code, failing, _ = mutants.baseline(tmp_path, ["tests/test_probe.py::test_ok"], 120)
+    assert code == 0 and failing == []
+
+
+def test_the_run_refuses_when_the_baseline_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    mutants = _catalogue()
+    monkeypatch.setattr(mutants, "copy_repository", lambda destination: None)
+    monkeypatch.setattr(mutants, "baseline", lambda copy, tests, timeout: (1, ["tests/x.py::test_y"], ""))
+    monkeypatch.setattr(mutants, "run_one", lambda *args: pytest.fail("a mutant ran after a failing baseline"))
+    assert mutants.main(["--only", "accept-non-strict", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "do not pass on the unmutated source" in err and "tests/x.py::test_y" in err
+
+
+def test_the_union_of_tests_keeps_each_once_and_drops_node_ids_of_listed_files() -> None:
+    mutants = _catalogue()
+    chosen = [m for m in mutants.CATALOGUE if m.name in ("native-block-offset-subtracted", "native-activations-truncated",
+                                                         "inverse-cdf-left", "accept-non-strict")]
+    assert mutants.union_of_tests(chosen) == [
+        "tests/ref/test_rng_and_inputs.py", "tests/fast/test_kernels_parity.py",
+        "tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others"]

@@ -9,6 +9,7 @@ keep the file's order, which the seeded training data depends on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -16,7 +17,7 @@ from importlib import resources
 import torch
 
 __all__ = ["PromptSets", "parse_prompt_sets", "load_prompt_sets", "TRAIN_PROMPTS", "HELDOUT_PROMPTS",
-           "synthetic_prompts"]
+           "synthetic_prompts", "prompt_grams", "near_duplicate", "DATASTORE_EXCLUDED"]
 
 #: file name of the prompt sets inside the ``spec_fast.drafts`` package
 PROMPTS_FILE = "prompts.json"
@@ -87,3 +88,52 @@ def synthetic_prompts(count: int, seed: int = 0) -> list[str]:
     if count > len(combos):
         raise ValueError(f"count must be <= {len(combos)}, got count={count}")
     return [combos[i] for i in order[:count]]
+
+
+#: function words left out of :func:`prompt_grams` (what a prompt asks about is in its other words)
+_FUNCTION_WORDS = frozenset(
+    "a an the of to in on and or is are was what how why do does did i me my for with about that this it be can "
+    "you your as at by from into over than then there these those which who whom whose will would should could "
+    "give tell explain write describe".split())
+
+
+@lru_cache(maxsize=16384)
+def prompt_grams(text: str) -> frozenset[tuple[str, ...]]:
+    """The word 1- and 2-grams of a prompt's content words: casefolded, function words left out, a plural
+    ``s`` stripped from words longer than three letters."""
+    words = [w[:-1] if len(w) > 3 and w.endswith("s") else w
+             for w in re.findall(r"[a-z0-9]+", text.casefold()) if w not in _FUNCTION_WORDS]
+    return frozenset({(w,) for w in words} | {(a, b) for a, b in zip(words, words[1:])})
+
+
+def near_duplicate(first: str, second: str) -> bool:
+    """Whether two prompts are near-paraphrases by n-gram overlap (:func:`prompt_grams`): a Jaccard index of
+    at least 0.45, or the smaller set (three grams or more) at least 75 % inside the other.
+
+    Calibrated on the benchmark and training prompts (tests/drafts/test_prompt_hygiene.py): it flags
+    "Write a short poem about winter snow." against "Write a short poem about snow." and "Why is the sky
+    blue? Answer briefly." against "Why is the sky blue?", and not prompts that share only a synthetic
+    template ("Write a short poem about the sea." against "... about mathematics.")."""
+    a, b = prompt_grams(first), prompt_grams(second)
+    if not a or not b:
+        return False
+    shared = len(a & b)
+    small = min(len(a), len(b))
+    return shared / len(a | b) >= 0.45 or (small >= 3 and shared / small >= 0.75)
+
+
+#: Training prompts whose answers are left out of the retrieval datastore (spec_fast/weights/datastore.npz):
+#: each is a :func:`near_duplicate` of a benchmark prompt (tests/drafts/test_prompt_hygiene.py finds them).
+#: The trained drafts (``rnn``, ``eagle``, ``distilled``) were trained before this list existed and still
+#: saw them; that test lists those pairs.
+DATASTORE_EXCLUDED: tuple[str, ...] = (
+    "Write a short poem about the sea.",
+    "Write a Python function that reverses a string.",
+    "Why is the sky blue?",
+    "What should I pack for a weekend camping trip?",
+    "What is photosynthesis?",
+    "What is a prime number?",
+    "What is machine learning?",
+    "What is the Pythagorean theorem?",
+    "Write a short poem about snow.",
+)

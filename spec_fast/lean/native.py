@@ -12,8 +12,11 @@ arithmetic at SmolLM2's size). All are compiled on first use with ``$CC`` (defau
 compiler and the CPU), written atomically, and loaded with :mod:`ctypes`: no torch headers, no Python
 extension build, about a second of compilation.
 
-Where no compiler is found, the build fails, or ``SPEC_FAST_NATIVE=0`` is set, :func:`available` is False
-and the lean forward keeps torch's matrix products (same results up to float32 rounding).
+Where no compiler is found, a source is missing, the build fails, or ``SPEC_FAST_NATIVE=0`` is set,
+:func:`available` is False and the lean forward keeps torch's matrix products (same results up to float32
+rounding); the first three print one notice on stderr naming the cause and the fix. Every native call checks
+its tensors first (dtype, device, rank, layout, sizes: a ``ValueError`` naming the argument), since C reads
+raw memory. :func:`build` compiles for another ``-march`` (the tests' portable build).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "disabled", "mm_blocks",
-           "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unpack_blocks", "unpack_float32"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled",
+           "mm_blocks", "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason",
+           "unpack_blocks", "unpack_float32", "using"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
@@ -50,6 +54,7 @@ _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                  for name in ("kernels.c", "blocks.c", "layer.c"))
 _LOCK = threading.Lock()
 _STATE: dict[str, ctypes.CDLL | None] = {}
+_REASON: dict[str, str] = {}
 
 
 def available() -> bool:
@@ -57,16 +62,29 @@ def available() -> bool:
     return _library() is not None
 
 
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None where it is True or was not asked yet)."""
+    return (_REASON.get("lib") or None) if "lib" in _STATE and _STATE["lib"] is None else None
+
+
 @contextmanager
 def disabled() -> Iterator[None]:
     """Within the block, :func:`available` is False: models built there keep torch's products (for the
     benchmarks and tests that compare both; not thread-safe)."""
-    lib = _library()
-    _STATE["lib"] = None
+    with using(None):
+        yield
+
+
+@contextmanager
+def using(lib: ctypes.CDLL | None) -> Iterator[None]:
+    """Within the block the kernels are ``lib`` (a library of :func:`build`, e.g. the portable build; None:
+    torch's products); not thread-safe."""
+    saved = _library()
+    _STATE["lib"] = lib
     try:
         yield
     finally:
-        _STATE["lib"] = lib
+        _STATE["lib"] = saved
 
 
 def _library() -> ctypes.CDLL | None:
@@ -74,8 +92,26 @@ def _library() -> ctypes.CDLL | None:
         return _STATE["lib"]
     with _LOCK:
         if "lib" not in _STATE:
-            _STATE["lib"] = _load() if os.environ.get("SPEC_FAST_NATIVE", "1") != "0" else None
+            if os.environ.get("SPEC_FAST_NATIVE", "1") == "0":
+                _STATE["lib"], _REASON["lib"] = None, "SPEC_FAST_NATIVE=0 is set"
+            else:
+                lib, reason = _load()
+                _STATE["lib"], _REASON["lib"] = lib, reason
+                if lib is None:
+                    # one notice per process: the engine still runs, on torch's products (several times slower,
+                    # and its greedy text may differ in the last float32 bits)
+                    print(f"spec-fast: native kernels unavailable ({reason}); running on torch's matrix "
+                          f"products, several times slower. Fix: {_fix(reason)}, or set SPEC_FAST_NATIVE=0 to "
+                          f"silence this", file=sys.stderr, flush=True)
     return _STATE["lib"]
+
+
+def _fix(reason: str) -> str:
+    if reason.startswith("no C compiler"):
+        return "install a C compiler (e.g. apt install gcc) or point $CC at one"
+    if reason.startswith("missing source"):
+        return "reinstall spec-verify (its wheel must ship spec_fast/lean/*.c)"
+    return "check $CC and the cache folder ($SPEC_FAST_CACHE), then retry"
 
 
 def _cpu_identity() -> str:
@@ -89,30 +125,62 @@ def _cpu_identity() -> str:
     return f"{platform.machine()} {platform.system()} {flags.strip()}"
 
 
-def _load() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """The native library (built into the cache on first use), or None and why not."""
+    compiler = _compiler()
     if compiler is None:
-        return None
+        return None, f"no C compiler found (CC={os.environ.get('CC', 'cc')!r}, gcc)"
     source = b""
     for name in _SOURCES:
-        with open(name, "rb") as handle:
-            source += handle.read()
+        try:
+            with open(name, "rb") as handle:
+                source += handle.read()
+        except OSError as err:
+            return None, f"missing source {os.path.basename(name)}: {err.strerror or err}"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    key = hashlib.sha256(source + version.encode() + " ".join(_FLAGS).encode() + _cpu_identity().encode()).hexdigest()[:16]
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"the compiler {compiler} did not run: {err}"
+    identity = source + version.encode() + " ".join(_FLAGS).encode() + _cpu_identity().encode()
+    key = hashlib.sha256(identity).hexdigest()[:16]
     from spec_fast.cache import cache_root
 
     folder = os.path.join(cache_root(), "kernels", key)
     path = os.path.join(folder, "libspec_fast_kernels.so")
-    if not os.path.isfile(path) and not _build(compiler, folder, path):
-        return None
+    if not os.path.isfile(path):
+        error = _build(compiler, folder, path, _FLAGS)
+        if error is not None:
+            return None, error
+    return _open(path)
+
+
+def build(folder: str, march: str = "native") -> ctypes.CDLL:
+    """Compile the kernels for ``-march=<march>`` into ``folder`` and load them, outside the cache (the
+    tests compile the portable code path this way: ``march="x86-64-v2"`` has neither AVX-512 nor VNNI)."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler found")
+    flags = tuple(f"-march={march}" if flag == "-march=native" else flag for flag in _FLAGS)
+    path = os.path.join(folder, f"libspec_fast_kernels_{march}.so")
+    error = _build(compiler, folder, path, flags)
+    if error is not None:
+        raise RuntimeError(error)
+    lib, reason = _open(path)
+    if lib is None:
+        raise RuntimeError(reason)
+    return lib
+
+
+def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
     try:
         lib = ctypes.CDLL(path)
         lib.spec_fast_kernels_version.restype = ctypes.c_int64
         if lib.spec_fast_kernels_version() != _VERSION:
-            return None
+            return None, f"{path} is version {lib.spec_fast_kernels_version()}, not {_VERSION}"
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_f32.restype = None
@@ -123,13 +191,13 @@ def _load() -> ctypes.CDLL | None:
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
                                         i64]
         lib.spec_fast_layer.restype = i64
-    except (OSError, AttributeError):
-        return None
-    return lib
+    except (OSError, AttributeError) as err:
+        return None, f"{path} did not load: {err}"
+    return lib, ""
 
 
-def _build(compiler: str, folder: str, path: str) -> bool:
-    """Compile ``kernels.c`` into ``path`` (written under a temporary name, then renamed)."""
+def _build(compiler: str, folder: str, path: str, flags: tuple[str, ...]) -> str | None:
+    """Compile the sources into ``path`` (written under a temporary name, then renamed); None, or the error."""
     try:
         os.makedirs(folder, exist_ok=True)
         handle, staging = tempfile.mkstemp(suffix=".so", dir=folder)
@@ -137,23 +205,59 @@ def _build(compiler: str, folder: str, path: str) -> bool:
         # OpenMP shares a product's column blocks among torch's thread count; a compiler without it builds the
         # single-threaded library (the pragmas are ignored)
         for openmp in (("-fopenmp",), ()):
-            done = subprocess.run([compiler, *_FLAGS, *openmp, *_SOURCES, "-o", staging, "-lm"],
+            done = subprocess.run([compiler, *flags, *openmp, *_SOURCES, "-o", staging, "-lm"],
                                   capture_output=True, text=True, timeout=300)
             if done.returncode == 0:
                 break
         if done.returncode != 0:
-            print(f"spec-fast: native kernels not built ({done.stderr.strip().splitlines()[-1:]}); "
-                  "using torch's matrix products", file=sys.stderr)
             os.unlink(staging)
-            return False
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            return f"{os.path.basename(compiler)} failed: {last}"
         os.replace(staging, path)
-        return True
-    except (OSError, subprocess.SubprocessError):
-        return False
+        return None
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"the build in {folder} failed: {err}"
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype, dims: int, contiguous: bool = False,
+           shape: tuple[int | None, ...] | None = None) -> None:
+    """The boundary of every native call: C reads raw memory, so a wrong dtype, device, rank, layout or
+    size would be read as garbage (or out of bounds) instead of failing; a ``ValueError`` naming the
+    argument instead. ``shape`` entries None are not checked."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {name}.dtype={t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {name}.device={t.device}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got {name}.shape={tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got {name}.stride()={t.stride()}")
+    if shape is not None and any(want is not None and int(got) != want for got, want in zip(t.shape, shape)):
+        expected = "[" + ", ".join("*" if n is None else str(n) for n in shape) + "]"
+        raise ValueError(f"{name} must have shape {expected}, got {name}.shape={tuple(t.shape)}")
+
+
+def _check_out_features(packed: torch.Tensor, out_features: int) -> None:
+    if isinstance(out_features, bool) or not isinstance(out_features, int) or not (
+            (int(packed.shape[0]) - 1) * BLOCK < out_features <= int(packed.shape[0]) * BLOCK):
+        raise ValueError(f"out_features must be an int in ({(int(packed.shape[0]) - 1) * BLOCK}, "
+                         f"{int(packed.shape[0]) * BLOCK}] for packed.shape={tuple(packed.shape)}, "
+                         f"got out_features={out_features!r}")
+
+
+def _rows(name: str, x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """``x`` checked as float32 ``[M, in_features]`` on the CPU, with unit stride along its rows."""
+    _check(name, x, torch.float32, 2, shape=(None, in_features))
+    return x if x.stride(-1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= in_features) else x.contiguous()
 
 
 def pack_float32(weight: torch.Tensor) -> torch.Tensor:
     """``weight [N, K]`` -> the packed layout ``[ceil(N / 64), K, 64]`` float32 (zeros beyond ``N``)."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a floating-point [N, K] tensor, got "
+                         f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
     out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
     blocks = -(-out_features // BLOCK)
     source = weight.detach().float()
@@ -178,11 +282,12 @@ def unpack_float32(packed: torch.Tensor, out_features: int) -> torch.Tensor:
 def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """``x [M, K]`` float32 on the CPU times the packed weight's transpose -> ``[M, N]`` float32.
 
-    Only for float32 CPU tensors with :func:`available` True (the caller checks)."""
+    Only with :func:`available` True (the caller checks); other dtypes, devices and shapes are a ValueError."""
     lib = _library()
     assert lib is not None
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    _check("packed", packed, torch.float32, 3, contiguous=True, shape=(None, None, BLOCK))
+    _check_out_features(packed, out_features)
+    x = _rows("x", x, int(packed.shape[1]))
     rows, in_features = int(x.shape[0]), int(x.shape[1])
     out = torch.empty(rows, out_features, dtype=torch.float32)
     lib.spec_fast_mm_f32(x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features, in_features,
@@ -258,8 +363,13 @@ def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: in
     the result is the product up to that rounding; each row's result depends on that row only."""
     lib = _library()
     assert lib is not None
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    if kind not in BLOCK_KINDS:
+        raise ValueError(f"kind must be one of {sorted(BLOCK_KINDS)}, got kind={kind!r}")
+    # per group of 32 inputs: the values (4 or 8 bits each, 64 outputs) then two float32 per output
+    group_bytes = (GROUP * BLOCK // 2 if kind == "q4_1" else GROUP * BLOCK) + 2 * 4 * BLOCK
+    _check("packed", packed, torch.uint8, 3, contiguous=True, shape=(None, None, group_bytes))
+    _check_out_features(packed, out_features)
+    x = _rows("x", x, int(packed.shape[1]) * GROUP)
     rows, in_features = int(x.shape[0]), int(x.shape[1])
     out = torch.empty(rows, out_features, dtype=torch.float32)
     status = lib.spec_fast_mm_blocks(BLOCK_KINDS[kind], x.data_ptr(), rows,
@@ -301,10 +411,35 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
         keys, values: ``[B, H_kv, capacity, D]`` float32 contiguous buffers, capacity >= ``past + Q``; the
             new entries are written at slots ``past .. past + Q - 1``.
 
-    Only for contiguous float32 CPU tensors with :func:`available` True (the caller checks)."""
+    Only with :func:`available` True (the caller checks); other dtypes, devices, layouts and shapes are a
+    ValueError."""
     lib = _library()
     assert lib is not None
+    if not isinstance(weights, LayerWeights):
+        raise ValueError(f"weights must be a LayerWeights, got {type(weights).__name__}")
+    _check("x", x, torch.float32, 3, contiguous=True, shape=(None, None, int(weights.hidden)))
     batch, num_query = int(x.shape[0]), int(x.shape[1])
+    dim, kv_heads = int(weights.head_dim), int(weights.kv_heads)
+    if isinstance(past, bool) or not isinstance(past, int) or past < 0:
+        raise ValueError(f"past must be an int >= 0, got past={past!r}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        _check(name, table, torch.float32, table.dim() if isinstance(table, torch.Tensor) else 0, contiguous=True)
+        if table.numel() != batch * num_query * dim or int(table.shape[-1]) != dim:
+            raise ValueError(f"{name} must hold [{batch}, {num_query}, {dim}] rows, got "
+                             f"{name}.shape={tuple(table.shape)}")
+    if mask is not None:
+        _check("mask", mask, torch.float32, mask.dim() if isinstance(mask, torch.Tensor) else 0, contiguous=True)
+        if mask.numel() != batch * num_query * (past + num_query) or int(mask.shape[-1]) != past + num_query:
+            raise ValueError(f"mask must be [{batch}, {num_query}, {past + num_query}], got "
+                             f"mask.shape={tuple(mask.shape)}")
+    for name, buffer in (("keys", keys), ("values", values)):
+        _check(name, buffer, torch.float32, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
+        if int(buffer.shape[2]) < past + num_query:
+            raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
+                             f"{name}.shape={tuple(buffer.shape)}")
+    if tuple(keys.shape) != tuple(values.shape):
+        raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
+                         f"values.shape={tuple(values.shape)}")
     status = lib.spec_fast_layer(ctypes.byref(weights), x.data_ptr(), batch, num_query, cos.data_ptr(),
                                  sin.data_ptr(), None if mask is None else mask.data_ptr(), past,
                                  keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), torch.get_num_threads())

@@ -63,7 +63,7 @@ def test_subset_head_scores_the_subset_exactly_like_the_lm_head_and_nothing_else
     assert bool(torch.isneginf(logits[..., outside]).all())
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernel")
+@pytest.mark.usefixtures("native_kernels")
 def test_subset_head_on_the_native_kernel_scores_like_torch_and_leaves_training_on_torch(target: Any) -> None:
     head = SubsetHead(target.get_output_embeddings(), VOCAB_SUBSET)
     hidden = torch.randn(3, 5, target.config.hidden_size)
@@ -84,7 +84,7 @@ def test_subset_head_on_the_native_kernel_scores_like_torch_and_leaves_training_
     assert head.packed is None
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernel")
+@pytest.mark.usefixtures("native_kernels")
 def test_a_head_on_the_native_kernel_keeps_greedy_output_exact(target: Any, reference: list[list[int]]) -> None:
     head = _head(target, "rnn")
     head.head.use_native(True)

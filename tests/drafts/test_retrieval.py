@@ -189,3 +189,15 @@ def test_hybrid_takes_the_retrieval_law_only_for_long_matches(target: Any, index
             assert torch.equal(got[0, q], want_model[0, q])
     assert hybrid.num_block(state) == prompt.shape[1] and hybrid.passes(state) == 1
     assert math.isinf(float(got[0, lengths.index(max(lengths))].min()))
+
+
+def test_an_own_text_match_as_long_as_the_datastore_match_wins() -> None:
+    """Ties go to the row's own text (module docstring): both hold "3 1" as the longest match of the context
+    below; the row's own text continues it with 4, the datastore with 2. A longer datastore match wins (the
+    control)."""
+    drafter = RetrievalDrafter(SuffixIndex([[3, 1, 2]], VOCAB, 4), VOCAB, 4)
+    m, ids, _ = drafter.sparse_law([0, 3, 1, 4, 3, 1])
+    assert (m, ids.tolist()) == (2, [4])
+    longer = RetrievalDrafter(SuffixIndex([[4, 3, 1, 2]], VOCAB, 4), VOCAB, 4)
+    m, ids, _ = longer.sparse_law([0, 3, 1, 4, 3, 1])
+    assert (m, ids.tolist()) == (3, [2])

@@ -26,6 +26,7 @@ from spec_fast.lean import KINDS, LeanLinear, LeanLlama, native
 from spec_fast.models import LEAN_WEIGHTS, load_model
 from spec_fast.strategies import SAMPLING_VERIFIERS, parse_strategy
 from tests.engine.models import hf_greedy, tiny_gpt2, tiny_llama
+from tests.native_kernels import require_native
 
 PROMPTS = [[1, 5, 7, 9, 3], [4, 2], [8, 8, 8, 8, 8, 8, 8, 1], [60]]
 NEW_TOKENS = 20
@@ -173,7 +174,7 @@ def test_without_the_native_kernel_widening_float32_weights_are_column_major() -
             torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+@pytest.mark.usefixtures("native_kernels")
 @pytest.mark.parametrize("shape", [(1, 1), (5, 3), (64, 16), (96, 64), (130, 200), (576, 1536)])
 def test_the_native_float32_product_is_the_product_and_each_row_ignores_the_others(shape: tuple[int, int]) -> None:
     torch.manual_seed(5)
@@ -192,8 +193,8 @@ def test_the_native_float32_product_is_the_product_and_each_row_ignores_the_othe
 
 def test_a_tied_float32_head_shares_the_embedding(hf_model: Any) -> None:
     for use_native in (True, False):
-        if use_native and not native.available():
-            continue
+        if use_native:
+            require_native()
         with contextlib.nullcontext() if use_native else native.disabled():
             lean = LeanLlama.from_hf(hf_model)
         embed = lean.model.embed_tokens.weight
@@ -279,7 +280,7 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
     return (quantised * scale).reshape(x.shape)
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+@pytest.mark.usefixtures("native_kernels")
 @pytest.mark.parametrize("kind", sorted(native.BLOCK_KINDS))
 @pytest.mark.parametrize("shape", [(1, 32), (70, 64), (192, 576)])
 def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others(

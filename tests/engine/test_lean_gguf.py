@@ -15,6 +15,7 @@ import torch
 from spec_fast.lean import LeanLlama
 from spec_fast.lean.gguf import lean_from_gguf, read_gguf_llama, unpermute_rotary_rows
 from spec_fast.models import DEFAULT_GGUF, default_model_dir
+from tests.native_kernels import require_native
 
 
 def test_unpermute_restores_half_split_rows_per_head() -> None:
@@ -114,8 +115,7 @@ def test_the_gguf_blocks_model_is_the_float32_model_up_to_activation_rounding(gg
     from spec_fast.lean import native
     from spec_fast.strategies import parse_strategy
 
-    if not native.available():
-        pytest.skip("no C compiler here: the native kernels are not built")
+    require_native()
     blocks = lean_from_gguf(os.path.join(default_model_dir(), DEFAULT_GGUF), "gguf")
     dense = LeanLlama.from_hf(gguf_tensors)
     assert blocks.model.layers[0].mlp.gate_up_proj.kind == "q4_1" and blocks.lm_head.kind == "q8_0"

@@ -24,7 +24,7 @@ from spec_fast.lean import cache as lean_cache
 from tests.engine.models import tiny_llama
 from tests.engine.test_lean import _drive, tiny_qwen2
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here: the native kernel is not built")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -1,0 +1,207 @@
+"""The native library's edges (spec_fast/lean/native.py): what ships, what happens when it cannot be built,
+what it accepts, and the portable code path.
+
+* every C source that native.py compiles is package data in pyproject.toml (a wheel without one broke the
+  first generate with FileNotFoundError);
+* a missing source, a missing compiler or a failing compiler leaves :func:`native.available` False with one
+  notice on stderr naming the cause and the fix, never an exception;
+* every native call checks dtype, device, rank, layout and size first: a ``ValueError`` naming the
+  argument (a float64 input to a Q8_0 layer used to return values off by up to 1e20);
+* the portable build (``-march=x86-64-v2``: no AVX-512, no VNNI) computes what the native build computes,
+  and keeps a token's logits independent of what shares its pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import platform
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from spec_fast.lean import LeanLinear, LeanLlama, native
+from tests.engine.models import tiny_llama
+from tests.engine.test_lean import _drive
+from tests.engine.test_lean_layer import _token_logits_depend_on_the_pass
+from tests.native_kernels import require_native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_source_native_compiles_is_package_data() -> None:
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        patterns = tomllib.load(handle)["tool"]["setuptools"]["package-data"]["spec_fast"]
+    package = ROOT / "spec_fast"
+    for source in native._SOURCES:
+        relative = Path(source).resolve().relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in spec_fast's package data"
+    # and the sources are the C files in the folder (a new one must be compiled and shipped)
+    assert sorted(Path(s).name for s in native._SOURCES) == sorted(p.name for p in (package / "lean").glob("*.c"))
+
+
+def _probe(tmp_path: Path, setup: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = ("from spec_fast.lean import native\n" + setup +
+            "\nprint(native.available(), native.available(), native.unavailable_reason() is not None)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "SPEC_FAST_CACHE": str(tmp_path / "cache"), **env})
+
+
+@pytest.mark.parametrize("cause", ["missing source", "no compiler", "compiler fails"])
+def test_an_unbuildable_library_falls_back_with_one_notice_naming_cause_and_fix(tmp_path: Path, cause: str) -> None:
+    setup, env = "", {}
+    if cause == "missing source":
+        setup = "native._SOURCES = native._SOURCES + ('/nonexistent/missing.c',)"
+    elif cause == "no compiler":
+        env = {"CC": "/nonexistent/cc", "PATH": str(tmp_path)}
+    else:
+        failing = tmp_path / "cc"
+        failing.write_text("#!/bin/sh\necho 'cc: error: this compiler always fails' >&2\nexit 1\n")
+        failing.chmod(0o755)
+        env = {"CC": str(failing)}
+    done = _probe(tmp_path, setup, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
+    notices = [line for line in done.stderr.splitlines() if "native kernels unavailable" in line]
+    assert len(notices) == 1 and "Fix:" in notices[0], done.stderr
+    expected = {"missing source": "missing.c", "no compiler": "no C compiler",
+                "compiler fails": "this compiler always fails"}[cause]
+    assert expected in notices[0]
+    # negative control: the same probe with nothing broken builds the library and says nothing
+    if cause == "missing source":
+        require_native()
+        healthy = _probe(tmp_path, "", {})
+        assert healthy.stdout.split() == ["True", "True", "False"] and "unavailable" not in healthy.stderr
+
+
+def _blocks(kind: str, out_features: int, in_features: int) -> LeanLinear:
+    groups = in_features // native.GROUP
+    if kind == "q4_1":
+        values = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8)
+        offsets: torch.Tensor | None = torch.randn(out_features, groups) * 0.05
+    else:
+        values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
+        offsets = None
+    return LeanLinear.from_blocks(kind, values, scales=torch.rand(out_features, groups) * 0.02, offsets=offsets)
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int64])
+@pytest.mark.parametrize("kind", ["float32", "q8_0", "q4_1"])
+def test_a_layer_refuses_inputs_the_kernel_cannot_read(kind: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    layer = LeanLinear.from_weight(torch.randn(70, 64), None, "float32") if kind == "float32" else _blocks(kind, 70, 64)
+    assert layer.packed is not None
+    x = torch.randn(3, 64)
+    assert layer(x).shape == (3, 70)  # negative control: float32 runs
+    with pytest.raises(ValueError, match=r"^x must be torch.float32, got x.dtype="):
+        layer(x.to(dtype))
+
+
+Call = Callable[[], Any]
+
+
+def _calls() -> dict[str, tuple[Call, str]]:
+    """Bad calls of every native entry point -> (the call, the start of the expected message)."""
+    torch.manual_seed(2)
+    packed = native.pack_float32(torch.randn(70, 64))
+    blocks = _blocks("q8_0", 70, 64).packed
+    assert blocks is not None
+    x = torch.randn(3, 64)
+    return {
+        "f32 x rank": (lambda: native.mm_float32(x[0], packed, 70), "x must have 2 dimensions"),
+        "f32 x width": (lambda: native.mm_float32(torch.randn(3, 63), packed, 70), "x must have shape [*, 64]"),
+        "f32 packed dtype": (lambda: native.mm_float32(x, packed.double(), 70), "packed must be torch.float32"),
+        "f32 packed layout": (lambda: native.mm_float32(x, packed.transpose(0, 1), 70), "packed must be contiguous"),
+        "f32 out_features": (lambda: native.mm_float32(x, packed, 129), "out_features must be an int in (64, 128]"),
+        "f32 x strided": (lambda: native.mm_float32(torch.randn(3, 128)[:, ::2], packed, 70), ""),
+        "blocks kind": (lambda: native.mm_blocks("q5_0", x, blocks, 70), "kind must be one of"),
+        "blocks packed of another kind": (lambda: native.mm_blocks("q4_1", x, blocks, 70), "packed must have shape"),
+        "blocks x width": (lambda: native.mm_blocks("q8_0", torch.randn(3, 32), blocks, 70),
+                           "x must have shape [*, 64]"),
+        "blocks x dtype": (lambda: native.mm_blocks("q8_0", x.bfloat16(), blocks, 70), "x must be torch.float32"),
+        "blocks out_features": (lambda: native.mm_blocks("q8_0", x, blocks, 0), "out_features must be an int"),
+        "pack weight rank": (lambda: native.pack_float32(torch.randn(64)), "weight must be a floating-point [N, K]"),
+    }
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("case", list(_calls()))
+def test_every_product_checks_its_arguments_before_the_native_call(case: str) -> None:
+    call, message = _calls()[case]
+    if not message:  # a strided input is copied, not refused (the control)
+        assert call().shape == (3, 70)
+        return
+    with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("*", r"\*").replace("(", r"\(")
+                       .replace("]", r"\]").replace(")", r"\)")):
+        call()
+
+
+@pytest.mark.usefixtures("native_kernels")
+def test_the_native_layer_checks_its_arguments() -> None:
+    model = LeanLlama.from_hf(tiny_llama())
+    layer = model.model.layers[0]
+    weights = layer.native_weights()
+    assert weights is not None
+    hidden, heads, dim = int(weights.hidden), int(weights.kv_heads), int(weights.head_dim)
+    x = torch.randn(1, 2, hidden)
+    cos = sin = torch.ones(1, 2, dim)
+    keys, values = torch.zeros(1, heads, 4, dim), torch.zeros(1, heads, 4, dim)
+    native.run_layer(weights, x.clone(), cos, sin, None, 0, keys, values)  # the control: runs
+
+    def call(**changed: Any) -> Call:
+        args: dict[str, Any] = {"x": x, "cos": cos, "sin": sin, "mask": None, "past": 0, "keys": keys,
+                                "values": values, **changed}
+        return lambda: native.run_layer(weights, *args.values())
+
+    bad: list[tuple[Call, str]] = [
+        (call(x=x.double()), "x must be torch.float32"),
+        (call(x=x[..., :-1].contiguous()), "x must have shape"),
+        (call(x=torch.randn(1, 2, 2 * hidden)[..., ::2]), "x must be contiguous"),
+        (call(cos=cos[:, :1]), "cos must hold"),
+        (call(sin=sin.half()), "sin must be torch.float32"),
+        (call(mask=torch.zeros(1, 2, 3)), "mask must be"),
+        (call(past=3), "keys must hold at least"),
+        (call(past=-1), "past must be an int >= 0"),
+        (call(values=values[:, :, :3].contiguous()), "values must"),
+        (call(keys=keys[:, :1].contiguous()), "keys must have shape"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match="^" + message):
+            call()
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    require_native()
+    march = "x86-64-v2" if platform.machine() in ("x86_64", "AMD64") else "armv8-a"
+    return native.build(str(tmp_path_factory.mktemp("portable-kernels")), march)
+
+
+def test_the_portable_build_computes_what_the_native_build_computes(portable: Any) -> None:
+    torch.manual_seed(4)
+    x = torch.randn(7, 576)
+    for kind in ("float32", "q8_0", "q4_1"):
+        layer = (LeanLinear.from_weight(torch.randn(192, 576), None, "float32") if kind == "float32"
+                 else _blocks(kind, 192, 576))
+        fast = layer(x)
+        with native.using(portable):
+            slow = layer(x)
+            assert all(torch.equal(layer(x[i:i + 1]), slow[i:i + 1]) for i in range(7))  # rows independent
+        # integer dot products are exact in both; float32 sums differ only in order (and FMA contraction)
+        torch.testing.assert_close(slow, fast, rtol=1e-5, atol=1e-5 * 576 ** 0.5)
+    hf = tiny_llama()
+    with native.using(portable):
+        model = LeanLlama.from_hf(hf)
+        assert all(layer.native_weights() is not None for layer in model.model.layers)
+        got = _drive(model)
+        assert not _token_logits_depend_on_the_pass(LeanLlama.from_hf(tiny_llama(seed=7)))
+    expected = _drive(LeanLlama.from_hf(hf))
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
