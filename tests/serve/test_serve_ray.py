@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra"),
-              pytest.mark.slow]
+              pytest.mark.slow,
+              # one Ray instance at a time on this machine: with pytest-xdist every test here runs on one worker
+              pytest.mark.xdist_group("ray")]
 pytest.importorskip("fastapi", reason="spec-fast serve needs the serve extra")
 pytest.importorskip("openai")
 import httpx  # noqa: E402
