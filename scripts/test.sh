@@ -15,7 +15,7 @@ if [ "${WHEEL:-1}" != "0" ]; then
 fi
 # two worker processes (pytest-xdist; PYTEST_WORKERS=0 runs in this process): the machine has two cores, and
 # the tests that start a Ray instance share one worker (their xdist_group)
-"$PYTHON" -m pytest -q -p no:cacheprovider --durations=15 -p no:benchmark -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+"$PYTHON" -m pytest -q -p no:cacheprovider --durations=15 -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
 if [ "${NUMPY_ONLY:-1}" != "0" ]; then
     PYTHON="$PYTHON" bash scripts/test_numpy_only.sh
 fi

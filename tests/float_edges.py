@@ -1,7 +1,7 @@
 """The float edge catalogue: (p, q) pairs whose probability ratios leave float64's (or float32's) range.
 
 ``p/q`` overflowed to inf for a subnormal q, and ``inf * 0`` then gave NaN in the branching law of naive,
-SpecInfer, SpecTr and Khisti (issue 30). Each pair is a valid probability vector in the given dtype (its
+SpecInfer, SpecTr and Khisti. Each pair is a valid probability vector in the given dtype (its
 sum rounds to 1); the tests hand the same arrays to the reference (tests/ref/test_float_edges.py) and to
 the engine's kernels (tests/fast/test_kernels_float_edges.py).
 """

@@ -1,5 +1,5 @@
 """No benchmark prompt is a near-paraphrase of a prompt whose answer is in the retrieval datastore
-(issue 30: the datastore held "Write a short poem about snow." while the chat benchmark asks "Write a short
+(the datastore once held "Write a short poem about snow." while the chat benchmark asks "Write a short
 poem about winter snow."; the old guard, tests/drafts/test_peer_prompts.py, compared substrings only).
 
 The similarity is n-gram overlap of the prompts' content words (:func:`spec_fast.drafts.prompts.near_duplicate`),

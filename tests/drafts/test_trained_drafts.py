@@ -11,7 +11,7 @@ import torch
 
 from spec_fast.drafts.heads import DRAFT_NAMES, WEIGHTS_DIR, HeadDrafter, load_drafter, weights_path
 from spec_fast.drafts.model import ModelDrafter
-from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
+from spec_fast.drafts.prompts import DATASTORE_EXCLUDED, HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
 from spec_fast.drafts.training import TrainConfig
 
 
@@ -75,7 +75,11 @@ def test_committed_datastore_holds_the_targets_replies_to_training_prompts_only(
 
     _, tokenizer = smollm2_target
     sequences, meta = load_datastore()
-    assert len(sequences) == len(TRAIN_PROMPTS) + TrainConfig().synthetic_prompts == int(meta["sequences"])
+    # one reply per training prompt, less the near-paraphrases of benchmark prompts that train_drafts.py leaves out
+    prompts = list(TRAIN_PROMPTS) + synthetic_prompts(TrainConfig().synthetic_prompts, TrainConfig().seed)
+    kept = [p for p in prompts if p not in DATASTORE_EXCLUDED]
+    assert len(kept) == len(prompts) - len(DATASTORE_EXCLUDED)  # every exclusion names a training prompt
+    assert len(sequences) == len(kept) == int(meta["sequences"])
     assert meta["command"] == "python scripts/train_drafts.py"
     header = chat_prompt_ids(tokenizer, HELDOUT_PROMPTS[0])[-ASSISTANT_HEADER_TOKENS:]
     assert all(s[:ASSISTANT_HEADER_TOKENS] == header for s in sequences)  # no user text is stored

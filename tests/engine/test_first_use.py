@@ -1,4 +1,4 @@
-"""A new user's first runs (issue 30): each test is one surprise that used to happen.
+"""A new user's first runs: each test is one surprise that used to happen.
 
 Non-UTF-8 bytes in an argument, on stdin or in the Python API crashed inside the tokenizer with a
 TypeError traceback; settings the engine refuses (``--strategy nde`` with the model-free default draft,
