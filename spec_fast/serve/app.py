@@ -28,7 +28,10 @@ from spec_fast.serve.metrics import CONTENT_TYPE, ServeMetrics
 from spec_fast.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerationParams, now
 from spec_fast.serve.worker import Admission, EngineWorker, LoadedModel, Submission
 
-__all__ = ["ServeConfig", "create_app"]
+#: the response header that names the Ray Serve replica which answered (spec_fast/serve/ray_app.py)
+REPLICA_HEADER = "x-spec-fast-replica"
+
+__all__ = ["ServeConfig", "create_app", "REPLICA_HEADER"]
 
 #: OpenAI's default temperature (1.0), which vLLM also uses; ``temperature: 0`` asks for greedy decoding
 DEFAULT_TEMPERATURE = 1.0

@@ -120,6 +120,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from spec_fast.serve.app import ServeConfig, create_app
+        from spec_fast.serve.worker import load_engine
     except ImportError as err:
         print(f"spec-fast: error: serve needs the serve extra ({err.name} is missing): "
               f"pip install 'spec-verify[serve]'", file=sys.stderr)
@@ -135,7 +136,8 @@ def serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(model_name=served_model_name(args), max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key, on_load_error=on_load_error)
-    app = create_app(lambda: _load(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet), config)
+    app = create_app(lambda: load_engine(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet),
+                     config)
     grace_s = float(args.shutdown_timeout)
 
     class Server(uvicorn.Server):
@@ -162,24 +164,3 @@ def serve(args: argparse.Namespace) -> int:
         traceback.print_exception(failure, file=sys.stderr)
         return 1
     return 0 if server.started else 1
-
-
-def _load(settings: GenerateSettings, max_batch: int, max_queue: int, depth_policy: str, quiet: bool) -> Any:
-    """Runs on the engine thread: the decoder of ``generate`` wrapped in the batch engine."""
-    from spec_fast import BatchEngine
-    from spec_fast.api import load_decoder
-    from spec_fast.serve.worker import LoadedModel
-
-    def note(message: str) -> None:
-        print(f"spec-fast: {message}", file=sys.stderr, flush=True)
-
-    decoder, tokenizer = load_decoder(settings, notify=None if quiet else note)
-    # the HTTP side already holds in-flight requests to max_batch + max_queue (429 beyond), so the engine's
-    # own waiting limit is never the one that binds
-    engine = BatchEngine(decoder, max_batch_size=max_batch, max_waiting=max_batch + max_queue, tokenizer=tokenizer,
-                         eos_token_id=tokenizer.eos_token_id, depth_policy=depth_policy)
-    if not quiet:
-        note(f"model loaded: {settings.model.describe()}, draft {settings.draft}, strategy "
-             f"{settings.strategy.label()} (depth {depth_policy}), batch {max_batch}, queue {max_queue}")
-    return LoadedModel(engine=engine, tokenizer=tokenizer, context_length=int(decoder.context_length),
-                       strategy_label=decoder.label, draft=settings.draft)

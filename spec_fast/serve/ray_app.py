@@ -26,8 +26,7 @@ from ray import serve
 from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spec_fast.serve.app import ServeConfig, create_app
-from spec_fast.serve.ray_cli import REPLICA_HEADER
+from spec_fast.serve.app import REPLICA_HEADER, ServeConfig, create_app
 from spec_fast.settings import GenerateSettings
 
 __all__ = ["ReplicaSpec", "SpecFastReplica", "build_application", "DEPLOYMENT_NAME"]
@@ -59,13 +58,13 @@ class SpecFastReplica:
     calls after the constructor and serves through its HTTP proxy)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
-        from spec_fast.serve.cli import _load
+        from spec_fast.serve.worker import load_engine
 
         self._spec = spec
         self._server: Any = None
         try:
             # Ray runs a replica's constructor on its user-code thread, so its own pings go on meanwhile
-            self._model = _load(spec.settings, spec.max_batch, spec.max_queue, spec.depth_policy, spec.quiet)
+            self._model = load_engine(spec.settings, spec.max_batch, spec.max_queue, spec.depth_policy, spec.quiet)
         except Exception as err:
             # the marker lets the CLI find this line in Ray's status message, which holds the traceback
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -22,10 +22,8 @@ from typing import Any
 
 from spec_fast.settings import GenerateSettings, SettingError
 
-__all__ = ["add_ray_flags", "check_ray_flags", "serve_ray", "RayOptions", "REPLICA_HEADER"]
+__all__ = ["add_ray_flags", "check_ray_flags", "serve_ray", "RayOptions"]
 
-#: the response header that names the replica which answered (added by the deployment, spec_fast/serve/ray_app.py)
-REPLICA_HEADER = "x-spec-fast-replica"
 #: the Ray Serve application's name (``serve status`` shows it; the CLI deletes it on exit)
 APP_NAME = "spec-fast"
 _FLAGS_NEEDING_RAY = ("replicas", "ray_address", "autoscale")

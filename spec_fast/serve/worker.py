@@ -18,11 +18,14 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spec_fast.serve.errors import APIError
 
-__all__ = ["EngineWorker", "LoadedModel", "Submission", "Admission", "EngineFailure"]
+if TYPE_CHECKING:
+    from spec_fast.settings import GenerateSettings
+
+__all__ = ["EngineWorker", "LoadedModel", "Submission", "Admission", "EngineFailure", "load_engine"]
 
 #: How long the idle engine thread waits on the command queue before looking at its stop flag again
 _IDLE_WAIT_S = 0.5
@@ -278,3 +281,23 @@ def _engine_refusal(err: Exception) -> APIError:
                         "invalid_value")
     traceback.print_exception(err, file=sys.stderr)
     return APIError(500, "internal server error (see the server's log)", None, "internal_error")
+
+
+def load_engine(settings: GenerateSettings, max_batch: int, max_queue: int, depth_policy: str, quiet: bool) -> Any:
+    """Runs on the engine thread: the decoder of ``generate`` wrapped in the batch engine."""
+    from spec_fast import BatchEngine
+    from spec_fast.api import load_decoder
+
+    def note(message: str) -> None:
+        print(f"spec-fast: {message}", file=sys.stderr, flush=True)
+
+    decoder, tokenizer = load_decoder(settings, notify=None if quiet else note)
+    # the HTTP side already holds in-flight requests to max_batch + max_queue (429 beyond), so the engine's
+    # own waiting limit is never the one that binds
+    engine = BatchEngine(decoder, max_batch_size=max_batch, max_waiting=max_batch + max_queue, tokenizer=tokenizer,
+                         eos_token_id=tokenizer.eos_token_id, depth_policy=depth_policy)
+    if not quiet:
+        note(f"model loaded: {settings.model.describe()}, draft {settings.draft}, strategy "
+             f"{settings.strategy.label()} (depth {depth_policy}), batch {max_batch}, queue {max_queue}")
+    return LoadedModel(engine=engine, tokenizer=tokenizer, context_length=int(decoder.context_length),
+                       strategy_label=decoder.label, draft=settings.draft)

@@ -27,7 +27,7 @@ pytest.importorskip("openai")
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from spec_fast.serve.ray_cli import REPLICA_HEADER  # noqa: E402
+from spec_fast.serve.app import REPLICA_HEADER  # noqa: E402
 from tests.serve.conftest import API_KEY, TINY_ARGS  # noqa: E402
 from tests.serve.server import HOST, ROOT, ServerProcess  # noqa: E402
 from tests.serve.test_serve_load import Job, load_jobs  # noqa: E402
