@@ -59,7 +59,7 @@ from spec_fast.kv_cache import TreeKVCache
 from spec_fast.strategies import parse_strategy
 from tests.engine.test_host_syncs import counting_reads
 
-RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu"  # one folder per card: h100/, h200/
 #: public architecture numbers of the models whose shapes the random-weight models take
 SHAPES: dict[str, dict[str, Any]] = {
     "135M": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -376,7 +376,7 @@ def markdown(report: dict[str, Any]) -> str:
         ("greedy", "Greedy speculative = plain decoding (float32, 135M shape, weights std 0.1)",
          "| strategy | draft | equal to plain | other | tokens per pass |",
          lambda r: f"| {r['strategy']} | {r['draft']} | {r['equal_to_plain']} | "
-                   f"{'equal to HF generate: ' + str(r['equal_to_hf_generate']) + ', min top-2 logit gap ' + format(r['min_top2_logit_gap'], '.3f') if 'equal_to_hf_generate' in r else 'rows differing: ' + str(r.get('rows_differing', []))} | "
+                   f"{'equal to HF generate: ' + str(r['equal_to_hf_generate']) + ', min top-2 logit gap ' + format(r['min_top2_logit_gap'], '.2g') if 'equal_to_hf_generate' in r else 'rows differing: ' + str(r.get('rows_differing', []))} | "
                    f"{r.get('tokens_per_pass', 1.0):.2f} |"),
         ("host_reads", "Host reads and synchronisations per decoding step (135M shape, batch 2)",
          "| strategy | draft | host reads / step | synchronising ops / step |",

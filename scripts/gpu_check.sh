@@ -2,7 +2,7 @@
 # The GPU check, for a machine with a CUDA device and torch + transformers (no network, no model files):
 # the CUDA-marked tests, then bench/gpu_check.py (pass cost per width on random-weight 135M/1B/8B Llama
 # shapes, verification kernels at batch 64, greedy equality, host reads per step, continuous batching).
-#   bash scripts/gpu_check.sh [OUT_DIR]     # default bench/results/gpu; about 5 minutes on one H100
+#   bash scripts/gpu_check.sh [OUT_DIR]     # default bench/results/gpu; about 3 minutes on one H100
 # Set SPEC_VERIFY_COMMIT where the checkout has no .git (a copied working tree) so the report names its commit.
 # Exit status: 0 when the tests pass and every bench section ran, 1 otherwise, 2 without a CUDA device.
 set -uo pipefail
