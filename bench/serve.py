@@ -58,6 +58,12 @@ SLOT_CONTEXT = 1024
 TUNING_PROMPTS = 4
 #: how the results name the llama-server binary that scripts/build_llama_server.sh builds
 LLAMA_LABEL = "llama.cpp llama-server, native build from llama-cpp-python 0.3.36 sdist, -DGGML_NATIVE=ON"
+#: ``--no-repack`` turns off ggml's extra CPU buffer types: on a CPU with AMX the native build puts the Q4_1
+#: and Q8_0 weights in the AMX buffer, whose kernels die of SIGILL at their first tile instruction in this
+#: llama.cpp (the tile config is not loaded on the computing thread: llama.cpp pull request 26954, open), so
+#: the server could not answer one request. None of the file's Q4_1 blocks is repacked on any CPU, so this
+#: costs llama.cpp only the repacked layout of its one Q8_0 tensor (the tied embedding / output matrix).
+LLAMA_EXTRA = ("--no-repack",)
 
 
 @dataclass
@@ -124,7 +130,7 @@ def llama(args: argparse.Namespace) -> Server:
     assert gguf is not None
     return Server("llama.cpp", [args.llama_server, "-m", gguf, "--host", HOST, "--port", str(port), "-t",
                                 str(args.threads), "-tb", str(args.threads), "-np", str(args.slots), "-c",
-                                str(SLOT_CONTEXT * args.slots), "--log-disable"], port, "default")
+                                str(SLOT_CONTEXT * args.slots), "--log-disable", *LLAMA_EXTRA], port, "default")
 
 
 def one_request(server: Server, client: httpx.Client, prompt: str, max_tokens: int) -> RequestTiming:
@@ -291,7 +297,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "max_tokens": args.max_tokens,
         "prompts": f"HELDOUT_PROMPTS[{TUNING_PROMPTS}:] (the first {TUNING_PROMPTS} chose the default strategy)",
         "llama.cpp": (f"{LLAMA_LABEL} ({args.llama_server}; -t {args.threads} -tb {args.threads} -np {args.slots} "
-                      f"-c {SLOT_CONTEXT * args.slots}; requests with cache_prompt false)") if args.llama_server
+                      f"-c {SLOT_CONTEXT * args.slots} {' '.join(LLAMA_EXTRA)}; requests with cache_prompt false)") if args.llama_server
                      else "not measured (no --llama-server binary given)",
     }
     if args.note:
