@@ -176,9 +176,11 @@ def run_level(server: Server, clients: int, requests: int, max_tokens: int, prom
 
     def client_loop(index: int) -> None:
         try:
-            with httpx.Client() as client:
-                for k in range(requests):
-                    prompt = (index + k * clients) % len(prompts)
+            for k in range(requests):
+                prompt = (index + k * clients) % len(prompts)
+                # a connection per request: llama-server drops kept-alive connections after a stream, so a
+                # reused one fails at random with "Server disconnected without sending a response"
+                with httpx.Client() as client:
                     timings.append((prompt, one_request(server, client, prompts[prompt], max_tokens)))
         except BaseException as err:  # reported after the level
             errors.append(err)
