@@ -31,7 +31,7 @@ import httpx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench._git import git_commit  # noqa: E402
 from bench.serve import OUT_DIR, Server, ours, run_rotated  # noqa: E402
-from spec_fast.serve.ray_cli import REPLICA_HEADER  # noqa: E402
+from spec_fast.serve.app import REPLICA_HEADER  # noqa: E402
 
 CONFIGS = [("single process", []), ("ray, 1 replica", ["--ray", "--replicas", "1"]),
            ("ray, 2 replicas", ["--ray", "--replicas", "2"])]
