@@ -1,4 +1,4 @@
-"""BatchEngine: continuous batching over a :class:`~spec_fast.engine.SpeculativeDecoder`.
+"""BatchEngine: continuous batching over a decoder (:class:`~spec_fast.engine.SpeculativeDecoder`).
 
 Requests join and leave a running batch. :meth:`BatchEngine.add_request` queues a request;
 :meth:`BatchEngine.step` first admits waiting requests up to ``max_batch_size`` (each admission prefills its
@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -31,9 +31,13 @@ from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
-from spec_fast.engine import SpeculativeDecoder
+from spec_fast.strategies import Strategy
 
-__all__ = ["BatchEngine", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS", "DEPTH_POLICIES"]
+if TYPE_CHECKING:
+    from spec_fast.batch_depth import PassCost
+    from spec_fast.nde import NdeSelector
+
+__all__ = ["BatchEngine", "StepDecoder", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS", "DEPTH_POLICIES"]
 
 #: ``cost``: each step's draft depth from the batch's size and the measured pass cost
 #: (:mod:`spec_fast.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
@@ -41,6 +45,31 @@ __all__ = ["BatchEngine", "RequestOutput", "RequestStats", "QueueFullError", "FI
 DEPTH_POLICIES = ("cost", "fixed")
 #: why a request ended: EOS or a stop string, its ``max_new_tokens``, or :meth:`BatchEngine.abort`
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+@runtime_checkable
+class StepDecoder(Protocol):
+    """What :class:`BatchEngine` drives: a decoder that holds the models and the strategy and advances a
+    :class:`DecodeState` one step at a time (:class:`spec_fast.engine.SpeculativeDecoder` is the one this
+    package ships). Written as a protocol so that the scheduler sits below the decoder whose ``generate``
+    runs on it, with no import between them in the other direction."""
+
+    strategy: Strategy
+    drafter: Drafter | None
+    selector: NdeSelector | None
+
+    @property
+    def dual(self) -> DualDrafter | None: ...
+
+    def check_request(self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                      name: str = "prompt") -> None: ...
+
+    def begin(self, prompts: list[list[int]], max_new: list[int], samplings: list[SamplingParams],
+              streams: list[int], eos: set[int], record_trees: bool = False) -> DecodeState: ...
+
+    def step(self, st: DecodeState) -> list[list[int]]: ...
+
+    def pass_cost(self) -> PassCost: ...
 
 
 class QueueFullError(RuntimeError):
@@ -148,10 +177,10 @@ class BatchEngine:
     method from one thread.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, max_batch_size: int = 4, max_waiting: int | None = None,
+    def __init__(self, decoder: StepDecoder, max_batch_size: int = 4, max_waiting: int | None = None,
                  tokenizer: Any | None = None, eos_token_id: int | Sequence[int] | None = None,
                  *, depth_policy: str = "cost", static: bool = False, record_trees: bool = False) -> None:
-        if not isinstance(decoder, SpeculativeDecoder):
+        if not isinstance(decoder, StepDecoder):
             raise ValueError(f"decoder must be a SpeculativeDecoder, got {type(decoder).__name__}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got max_batch_size={max_batch_size!r}")

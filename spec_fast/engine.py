@@ -41,6 +41,7 @@ import torch
 
 from spec_fast.adaptive import AdaptiveController, match_hint
 from spec_fast.batch_depth import PassCost, choose_depth, measure_pass_cost
+from spec_fast.batch_engine import BatchEngine
 from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
@@ -184,8 +185,6 @@ class SpeculativeDecoder:
         one request (row b draws from stream b of ``sampling.seed``), all admitted at once, and finished
         rows stay in the batch until the last ends (``result.state`` holds every row).
         """
-        from spec_fast.batch_engine import BatchEngine  # the scheduler sits above the decoder it drives
-
         sampling = sampling or SamplingParams()
         if isinstance(prompts, torch.Tensor):
             prompts = prompts.tolist()
