@@ -13,7 +13,7 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
    T = 1 (seeded); a root every 16 tokens (``--roots`` per prompt).
 2. Target law p at a node: ``softmax(logits / T)``, the nucleus ``top_p``, then the ``--top-k`` (128) most
    probable tokens, renormalised in float64. The top-k keeps every verifier exact on a small vocabulary
-   (:func:`bench.regimes_eval.reduce_pair`); the removed mass is reported. Settings (T, top-p): the quick
+   (:func:`bench.regimes_eval.reduce_pair`); the removed mass is reported. Settings (T, top-p): the eight
    settings of ``bench/study.py``.
 3. Regimes: target acceptances ``--regimes``; eps per (setting, regime) solves mean root acceptance =
    target over all roots (:func:`spec_ref.controlled_draft.solve_strength`), the achieved value reported.
@@ -32,8 +32,8 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
    ``--nde-steps`` (400) is below TrainSettings' 1000 to fit the session's time.
 
     python bench/study_regimes.py --quick   # CI-sized: tiny random Llama, 5 roots, 2 regimes (~15 s CPU)
-    python bench/study_regimes.py           # the committed study: 10 prompts x 1 root, 4 settings, 4 regimes,
-                                            # 5 NDE methods (37 min on 2 cores at load ~10)
+    python bench/study_regimes.py           # the committed study: 20 prompts x 1 root, 8 settings, 4 regimes,
+                                            # 5 NDE methods
     python bench/study_regimes.py --report-only   # tables, plots and the NDE part from the saved rows
 """
 
@@ -56,6 +56,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench._git import git_commit  # noqa: E402
+from bench.study import SETTINGS as STUDY_SETTINGS  # noqa: E402
 from bench.regimes_eval import (  # noqa: E402
     NodeLaw,
     action_draws,
@@ -76,8 +77,8 @@ OUT = os.path.join(ROOT, "bench", "results", "study_regimes")
 OT = ("nss", "naive_tree", "spectr", "specinfer", "khisti")
 SINGLE = ("naive", "bv")
 METHODS = SINGLE + OT + ("traversal",)
-#: the quick settings of bench/study.py (T, top-p)
-SETTINGS = ((0.2, 1.0), (0.6, 1.0), (1.0, 1.0), (1.0, 0.9))
+#: the sampling settings (T, top-p) of bench/study.py, all eight
+SETTINGS = tuple(STUDY_SETTINGS)
 REGIMES = (0.3, 0.6, 0.8, 0.95)
 K_MAX, L1_MAX, L2_MAX = 4, 4, 8
 ACTIONS = action_space(K_MAX, L1_MAX, L2_MAX)
@@ -291,7 +292,7 @@ def scalar_features(p_prev: np.ndarray, q_prev: np.ndarray, q_root: np.ndarray, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny random Llama, 2 prompts x 1 root, 2 regimes")
-    parser.add_argument("--prompts-per-kind", type=int, default=2)
+    parser.add_argument("--prompts-per-kind", type=int, default=4)
     parser.add_argument("--roots", type=int, default=1, help="roots per prompt (every 16 sampled tokens)")
     parser.add_argument("--regimes", default=",".join(str(r) for r in REGIMES))
     parser.add_argument("--settings", default=";".join(f"{t},{p}" for t, p in SETTINGS))
