@@ -94,6 +94,10 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
     """Deploy the replicas, wait for them, then serve until SIGTERM or Ctrl-C; the exit status."""
     # Ray reports usage statistics over the network unless told not to; a server should not phone home
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Serve kills its HTTP proxy after three readiness checks of 5 s each, which a busy small machine (the
+    # replicas loading models beside it) can miss; a local instance inherits these, a running cluster keeps its own
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, "30")
     if options.address is None or _is_loopback(options.address):
         # a local instance, or a cluster on the loopback address, serves this machine only: Ray's
         # single-machine mode (its default on macOS and Windows) keeps the node on the loopback address,
@@ -142,8 +146,12 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
                 return 2
         catch_signals()  # again: Ray's core installs its own SIGTERM handler, which would end the process
         # -q: Serve's controller, proxy and replicas log warnings only (their access lines included)
-        serve.start(proxy_location="HeadOnly", http_options={"host": args.host, "port": args.port},
-                    logging_config={"log_level": "WARNING"} if args.quiet else None)
+        try:
+            serve.start(proxy_location="HeadOnly", http_options={"host": args.host, "port": args.port},
+                        logging_config={"log_level": "WARNING"} if args.quiet else None)
+        except Exception as err:  # Ray's errors have no common base; one line, not a traceback
+            print(f"spec-fast: error: Ray Serve did not start: {_first_line(err)}", file=sys.stderr)
+            return 1
         spec = ReplicaSpec(settings=settings, model_name=model_name, max_batch=args.max_batch,
                            max_queue=args.max_queue, depth_policy=args.depth_policy, api_key=args.api_key,
                            quiet=bool(args.quiet),
