@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from spec_fast.batch_depth import PassCost
     from spec_fast.nde import NdeSelector
 
-__all__ = ["BatchEngine", "StepDecoder", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS", "DEPTH_POLICIES"]
+__all__ = ["BatchEngine", "StepDecoder", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS",
+           "DEPTH_POLICIES"]
 
 #: ``cost``: each step's draft depth from the batch's size and the measured pass cost
 #: (:mod:`spec_fast.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
