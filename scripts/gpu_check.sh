@@ -17,7 +17,7 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 # -W default: warnings are shown, not errors as in CI (this machine's torch/transformers are not CI's pins)
-timeout 300 "$PYTHON" -m pytest -m gpu tests/engine/test_cuda.py tests/fast/test_kernels_parity.py -q \
+timeout 300 "$PYTHON" -m pytest -m gpu tests/engine/test_cuda.py tests/fast/test_kernels_parity.py tests/fast/test_rng_counter.py -q \
   -p no:cacheprovider -W default 2>&1 | tee "$OUT/pytest.log"
 tests_rc=${PIPESTATUS[0]}
 timeout 420 "$PYTHON" bench/gpu_check.py --out "$OUT/gpu_check" 2>&1 | tee "$OUT/bench.log"

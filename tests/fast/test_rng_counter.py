@@ -70,6 +70,7 @@ def test_bad_arguments_raise_value_error_naming_them(seed: object, offset: objec
         counter_uniforms(seed, offset, shape)  # type: ignore[arg-type]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_and_cpu_produce_bit_identical_uniforms() -> None:
     cpu = counter_uniforms(torch.tensor([3, 9]), torch.tensor([0, 77]), (2, 5000))
