@@ -6,8 +6,8 @@ Needs nothing a bare CUDA machine with torch and transformers lacks: no network,
 1. ``device``: the GPU, torch and transformers versions.
 2. ``bandwidth``: a device-to-device copy (bytes read + written per second), the floor every speed is held
    against: a pass must at least read every weight once, so ``weight bytes / bandwidth`` bounds a token's time.
-3. ``pass_cost``: one target pass of the engine's own path (``TreeKVCache.forward`` + ``commit``) behind a
-   512-token context, per width (tokens verified per row: a chain, and a binary tree from 4 on) and batch size,
+3. ``pass_cost``: one target pass of the engine's own path (``TreeKVCache.forward``, timed by
+   ``spec_fast.batch_depth.measure_pass_cost``, what the ``cost`` depth policy measures) behind a 512-token context, per width (tokens verified per row: a chain, and a binary tree from 4 on) and batch size,
    on bfloat16 models shaped like SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B (random weights: speed does
    not depend on them).
 4. ``verify_kernels``: one ``verify_tree`` call per method at batch 64, vocabularies 49152 and 128256, trees
@@ -49,13 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch
 
 from bench._git import git_commit
-from bench.verify_kernels import METHOD_CONFIGS, Workload, label, time_fast
+from bench.verify_kernels import METHOD_CONFIGS, Workload, label, sync, time_fast
 from spec_fast.batch_engine import BatchEngine
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.kv_cache import TreeKVCache
+from spec_fast.batch_depth import measure_pass_cost
 from spec_fast.strategies import parse_strategy
 from tests.engine.test_host_syncs import counting_reads
 
@@ -70,11 +70,6 @@ SHAPES: dict[str, dict[str, Any]] = {
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-8B
 }
 CONTEXT = 512
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextmanager
@@ -152,37 +147,15 @@ def bandwidth_section(device: torch.device, quick: bool) -> dict[str, Any]:
     return {"bytes_per_copy": moved, "seconds": seconds, "bytes_per_s": moved / seconds}
 
 
-def _chain_parents(batch: int, width: int, device: torch.device) -> torch.Tensor:
-    return (torch.arange(width, device=device) - 1).expand(batch, width).contiguous()
-
-
-def _tree_parents(batch: int, width: int, device: torch.device) -> torch.Tensor:
-    """A binary tree in breadth-first order: entry i hangs below (i - 1) // 2; the root below the context."""
-    index = torch.arange(width, device=device)
-    return torch.where(index == 0, -1, (index - 1) // 2).expand(batch, width).contiguous()
-
-
-def pass_cost(model: Any, device: torch.device, batch: int, width: int, tree: bool, repeats: int) -> float:
-    """Seconds of one engine target pass (forward of ``width`` entries per row, then a commit that keeps
-    none of them) behind a ``CONTEXT``-token context."""
-    vocab = int(model.config.vocab_size)
-    cache = TreeKVCache(model, batch, device)
-    gen = torch.Generator(device=device).manual_seed(batch * 1000 + width)
-    prefix = torch.randint(0, vocab, (batch, CONTEXT), device=device, generator=gen)
+def pass_costs(model: Any, device: torch.device, batch: int, widths: list[int], tree: bool, repeats: int
+               ) -> dict[int, float]:
+    """Seconds of one engine target pass per width (``spec_fast.batch_depth.measure_pass_cost``, what the
+    ``cost`` depth policy measures: ``TreeKVCache.forward`` of ``width`` entries per row, chain or binary tree,
+    behind a ``CONTEXT``-token context)."""
     with torch.inference_mode():
-        cache.forward(prefix, _chain_parents(batch, CONTEXT, device), logits_to_keep=1)
-        keep = torch.arange(CONTEXT, device=device).expand(batch, CONTEXT)
-        cache.commit(keep, torch.full((batch,), CONTEXT, device=device), prefix_of_block=True)
-        tokens = torch.randint(0, vocab, (batch, width), device=device, generator=gen)
-        parents = (_tree_parents if tree else _chain_parents)(batch, width, device)
-        none_kept = torch.zeros(batch, 0, dtype=torch.long, device=device)
-        zero = torch.zeros(batch, dtype=torch.long, device=device)
-
-        def one_pass() -> None:
-            cache.forward(tokens, parents)
-            cache.commit(none_kept, zero, prefix_of_block=True)
-
-        return timed(one_pass, device, warmup=3, repeats=repeats)
+        cost = measure_pass_cost(model, device, rows=(batch,), tokens=widths, context=CONTEXT, repeats=repeats,
+                                 tree=tree)
+    return {width: cost.seconds[(batch, width)] for width in widths}
 
 
 def pass_cost_section(device: torch.device, dtype: torch.dtype, shapes: list[str], layers: int | None,
@@ -194,10 +167,11 @@ def pass_cost_section(device: torch.device, dtype: torch.dtype, shapes: list[str
         model = random_llama(shape, dtype, device, layers)
         weight_bytes = weight_bytes_per_token(model)
         floor = weight_bytes / bandwidth
-        grid = [(1, w, False) for w in widths] + [(1, w, True) for w in widths if w >= 4]
-        grid += [(b, w, False) for b, ws in batched for w in ws]
-        for batch, width, tree in grid:
-            seconds = pass_cost(model, device, batch, width, tree, repeats=5 if quick else 10)
+        groups = [(1, widths, False), (1, [w for w in widths if w >= 4], True)]
+        groups += [(b, ws, False) for b, ws in batched]
+        grid = [(batch, width, tree, seconds) for batch, ws, tree in groups
+                for width, seconds in pass_costs(model, device, batch, ws, tree, 5 if quick else 10).items()]
+        for batch, width, tree, seconds in grid:
             rows.append({"shape": shape, "batch": batch, "width": width, "tree": tree, "pass_ms": seconds * 1e3,
                          "weight_bytes": weight_bytes, "floor_ms": floor * 1e3, "floor_share": floor / seconds,
                          "tokens_per_s": batch * width / seconds})
@@ -341,7 +315,7 @@ def batch_engine_section(device: torch.device, dtype: torch.dtype, shapes: list[
                 steps += 1
             sync(device)
             seconds = time.perf_counter() - start
-            bare = pass_cost(model, device, requests, 1, False, repeats=5)
+            bare = pass_costs(model, device, requests, [1], False, repeats=5)[1]
             step_s = seconds / max(1, steps)
             rows.append({"shape": shape, "requests": requests, "tokens": emitted, "steps": steps, "seconds": seconds,
                          "tokens_per_s": emitted / seconds, "step_ms": step_s * 1e3, "bare_pass_ms": bare * 1e3,

@@ -55,9 +55,12 @@ class PassCost:
 
 
 def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (1, 2, 4, 8),
-                      tokens: Sequence[int] = (1, 2, 3, 4, 5), context: int = 64, repeats: int = 3) -> PassCost:
+                      tokens: Sequence[int] = (1, 2, 3, 4, 5), context: int = 64, repeats: int = 3,
+                      tree: bool = False) -> PassCost:
     """Time target passes of ``rows x tokens`` chain entries behind ``context`` committed tokens (module
-    docstring); each point is the median of ``repeats`` passes after one untimed warm-up pass."""
+    docstring); each point is the median of ``repeats`` passes after one untimed warm-up pass. ``tree``:
+    the entries form a binary tree in breadth-first order instead (entry i below entry (i - 1) // 2), the
+    masked attention path of a tree step."""
     vocab = int(target.get_output_embeddings().weight.shape[0])
     generator = torch.Generator().manual_seed(0)
     seconds: dict[tuple[int, int], float] = {}
@@ -71,7 +74,8 @@ def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (
                          torch.full((batch,), context, dtype=torch.long, device=device), True)
             for width in tokens:
                 block = torch.randint(0, vocab, (batch, width), generator=generator).to(device)
-                parents = torch.arange(-1, width - 1, device=device).expand(batch, width)
+                index = torch.arange(width, device=device)
+                parents = ((index - 1) // 2 if tree else index - 1).clamp(min=-1).expand(batch, width)
                 times = []
                 for repeat in range(repeats + 1):
                     start = time.perf_counter()

@@ -269,6 +269,25 @@ def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_th
     assert cost(4, 2) == cost(8, 2) and cost(16, 9) == 2 * cost(8, 4)
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec_fast.batch_depth import measure_pass_cost
+    from spec_fast.kv_cache import TreeKVCache
+
+    seen: list[list[int]] = []
+    forward = TreeKVCache.forward
+
+    def recording(self: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(parents[0].tolist())
+        return forward(self, tokens, parents, *args, **kwargs)
+
+    monkeypatch.setattr(TreeKVCache, "forward", recording)
+    cost = measure_pass_cost(TARGET, torch.device("cpu"), rows=(2,), tokens=(5,), context=4, repeats=1, tree=tree)
+    assert set(cost.seconds) == {(2, 5)} and cost(2, 5) > 0
+    assert seen[0] == [-1, 0, 1, 2]  # the context is a chain either way
+    assert seen[1:] == [[-1, 0, 0, 1, 1] if tree else [-1, 0, 1, 2, 3]] * 2  # warm-up and timed pass
+
+
 def test_with_the_cost_policy_greedy_requests_decode_as_alone_and_a_seeded_schedule_repeats() -> None:
     decoder = decoder_for("chain:3")
     arrivals = schedule(seed=9, sampled=True, greedy=True)
