@@ -5,7 +5,7 @@ Each cell runs ``concurrency`` greedy requests (held-out chat prompts, ``spec_fa
 one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; request i arrives before engine
 step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
 and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
-the measured pass cost, spec_fast/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
+the measured pass cost, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
 arrival to the last finish; TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
 output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
 run interleaved cell by cell, so their ratios are measured side by side; every greedy request's tokens are
@@ -32,7 +32,7 @@ from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
-from spec_fast.batch_engine import BatchEngine  # noqa: E402
+from spec_fast.engine.batch_engine import BatchEngine  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402

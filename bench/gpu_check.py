@@ -7,7 +7,7 @@ Needs nothing a bare CUDA machine with torch and transformers lacks: no network,
 2. ``bandwidth``: a device-to-device copy (bytes read + written per second), the floor every speed is held
    against: a pass must at least read every weight once, so ``weight bytes / bandwidth`` bounds a token's time.
 3. ``pass_cost``: one target pass of the engine's own path (``TreeKVCache.forward``, timed by
-   ``spec_fast.batch_depth.measure_pass_cost``, what the ``cost`` depth policy measures) behind a 512-token context, per width (tokens verified per row: a chain, and a binary tree from 4 on) and batch size,
+   ``spec_fast.engine.batch_depth.measure_pass_cost``, what the ``cost`` depth policy measures) behind a 512-token context, per width (tokens verified per row: a chain, and a binary tree from 4 on) and batch size,
    on bfloat16 models shaped like SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B (random weights: speed does
    not depend on them).
 4. ``verify_kernels``: one ``verify_tree`` call per method at batch 64, vocabularies 49152 and 128256, trees
@@ -50,12 +50,12 @@ import torch
 
 from bench._git import git_commit
 from bench.verify_kernels import METHOD_CONFIGS, Workload, label, sync, time_fast
-from spec_fast.batch_engine import BatchEngine
+from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.batch_depth import measure_pass_cost
+from spec_fast.engine.batch_depth import measure_pass_cost
 from spec_fast.strategies import parse_strategy
 from tests.engine.test_host_syncs import counting_reads
 
@@ -149,7 +149,7 @@ def bandwidth_section(device: torch.device, quick: bool) -> dict[str, Any]:
 
 def pass_costs(model: Any, device: torch.device, batch: int, widths: list[int], tree: bool, repeats: int
                ) -> dict[int, float]:
-    """Seconds of one engine target pass per width (``spec_fast.batch_depth.measure_pass_cost``, what the
+    """Seconds of one engine target pass per width (``spec_fast.engine.batch_depth.measure_pass_cost``, what the
     ``cost`` depth policy measures: ``TreeKVCache.forward`` of ``width`` entries per row, chain or binary tree,
     behind a ``CONTEXT``-token context)."""
     with torch.inference_mode():

@@ -1,6 +1,6 @@
 """Exact block efficiency of every verifier on recorded node laws (NumPy only; used by bench/study_regimes.py).
 
-A *shared draw* at a root (:class:`spec_fast.selector_data.DelayedDraws`: a spine and extra branches below
+A *shared draw* at a root (:class:`spec_fast.nde.selector_data.DelayedDraws`: a spine and extra branches below
 every trunk prefix) gives every ``(K, L1, L2)`` delayed tree of the action space at once (the (K, L1, L2)
 tree is the (K, L1, L2max) tree cut at depth L1 + L2). For every node with draws the study records the
 target law p and the draft law q. This module turns them into exact expectations:
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spec_fast.selector_data import DelayedDraws, delayed_tree_paths
+from spec_fast.nde.selector_data import DelayedDraws, delayed_tree_paths
 from spec_ref.drafting import _assemble
 from spec_ref.tree import DraftTree
 from spec_ref.verify import OT_METHODS, ot_solver, verify

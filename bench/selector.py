@@ -43,7 +43,7 @@ from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
 from spec_fast.engine import SamplingParams, SpeculativeDecoder  # noqa: E402
 from spec_fast.models import chat_prompt_ids, lean_model, load_model  # noqa: E402
 from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS, load_nde_selector  # noqa: E402
-from spec_fast.selector_training import best_static_action, load_dataset, load_selector, split_by_prompt  # noqa: E402
+from spec_fast.nde.selector_training import best_static_action, load_dataset, load_selector, split_by_prompt  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
 
 VERIFIERS = ("specinfer", "spectr", "khisti", "naive_tree", "nss")

@@ -17,7 +17,7 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
    settings of ``bench/study.py``.
 3. Regimes: target acceptances ``--regimes``; eps per (setting, regime) solves mean root acceptance =
    target over all roots (:func:`spec_ref.controlled_draft.solve_strength`), the achieved value reported.
-4. At each (root, setting, regime): one shared draw (:class:`spec_fast.selector_data.DelayedDraws`, K <= 4,
+4. At each (root, setting, regime): one shared draw (:class:`spec_fast.nde.selector_data.DelayedDraws`, K <= 4,
    L1 <= 4, L2 <= 8, so every (K, L1, L2) tree of that action space, depths up to 12) drafted from q with
    target forwards at every node that has draws.
 5. Exact E[tau + 1 | tree] on the drawn trees (no Monte Carlo noise): eq. 3 by depth for the OT methods,
@@ -26,7 +26,7 @@ Pipeline (SmolLM2-135M-Instruct float32, transformers forward, no engine code):
    few shapes (the "measured" column).
 6. Offline throughput E / T_hat with eq. 11 (spec_ref.selector.latency_estimate): t_p = 1 (a target pass,
    flat in the tree's width, as on a GPU) and t_q = ``--draft-cost`` (0.05) per draft step.
-7. NDE: the selector of spec_fast.selector_training (its SelectorNet, loss, training and evaluation
+7. NDE: the selector of spec_fast.nde.selector_training (its SelectorNet, loss, training and evaluation
    functions as they are), trained on these rows per OT method and scored out of fold (5-fold
    cross-fitting by prompt), against the best static shape per regime and Traversal's best static shape.
    ``--nde-steps`` (400) is below TrainSettings' 1000 to fit the session's time.
@@ -65,7 +65,7 @@ from bench.regimes_eval import (  # noqa: E402
     traversal_depth_law,
     tree_of,
 )
-from spec_fast.selector_data import DelayedDraws  # noqa: E402
+from spec_fast.nde.selector_data import DelayedDraws  # noqa: E402
 from spec_ref.controlled_draft import solve_strength, total_variation, vocab_permutation  # noqa: E402
 from spec_ref.efficiency import expected_block_efficiency  # noqa: E402
 from spec_ref.rng import GeneratorSource  # noqa: E402
@@ -280,7 +280,7 @@ def sample_response(target: Target, ids: list[int], tokens: int, seed: int) -> l
 
 def scalar_features(p_prev: np.ndarray, q_prev: np.ndarray, q_root: np.ndarray, context: int, temperature: float,
                     top_p: float, draft_cost: float) -> list[float]:
-    from spec_fast.selector import root_features
+    from spec_fast.nde.selector import root_features
 
     one = torch.zeros(1, 1)
     feats = root_features(one, one, one, *(torch.from_numpy(v).view(1, -1) for v in (p_prev, q_prev, q_root)),

@@ -7,7 +7,7 @@ Layouts (seed 002, methods as rows, acceptance regimes as columns where the seed
   or by offline throughput E / T_hat (Table 3); the cell averages the settings. Standard errors are over
   roots (each root's value averaged over the settings first). Picking the best of many shapes on the same
   roots biases each cell up a little (the same for every method).
-* Tables 4-7: the NDE selector (spec_fast.selector_training, unchanged) per OT method, trained on four
+* Tables 4-7: the NDE selector (spec_fast.nde.selector_training, unchanged) per OT method, trained on four
   folds of prompts and scored on the fifth (every root scored out of fold), against the method's best
   static shape (chosen on the training folds per regime and setting) and Traversal's best static shape.
 """
@@ -145,7 +145,7 @@ def nde(rows: Rows, method: str, steps: int) -> dict[str, Any]:
     ``traversal_tps`` (Traversal's), and the actions NDE chose."""
     import torch
 
-    from spec_fast.selector_training import SelectorData, TrainSettings, static_baselines, train_selector
+    from spec_fast.nde.selector_training import SelectorData, TrainSettings, static_baselines, train_selector
 
     torch.set_num_threads(1)
     lat = latency(rows.draft_cost)
@@ -332,7 +332,7 @@ def report(out: str, args: Any) -> None:
                     "traversal_tps": (float(np.nanmean((res["traversal_tps_e"] / res["traversal_tps_t"])[rows.mask(r)])), math.nan),
                 }
         lines += ["## NDE selector (Tables 4-7 layout)", "",
-                  f"spec_fast.selector_training as it is (SelectorNet, eq. 12 loss, TrainSettings() but steps={steps}); "
+                  f"spec_fast.nde.selector_training as it is (SelectorNet, eq. 12 loss, TrainSettings() but steps={steps}); "
                   f"{FOLDS}-fold cross-fitting by prompt (fold = prompt // 2 mod 5: every kind keeps a prompt in "
                   "training), so every root is scored by a selector that never saw its prompt. Baselines chosen on "
                   "the training folds per regime and setting. Ratios: mean over held-out rows, +- SE (delta "

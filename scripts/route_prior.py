@@ -4,7 +4,7 @@
 For each committed drafter (``rnn``, ``eagle``, ``retrieval``) the table holds, per class of its confidence
 feature (draft probability bin, or retrieval match-length class x single follower), how often a node of that
 class was offered and matched the committed text. The counts are what ``--dual route-calibrated`` itself
-counts in a generation (``DecodeState.route_calibration``), summed over calibration runs of the pairs
+counts in a generation (``DecodeState.proposal.calibration``), summed over calibration runs of the pairs
 (rnn, retrieval) and (eagle, retrieval) with no table (1/2 per class), so the table does not depend on an
 earlier one. Both heads are counted at every step, whichever was verified.
 
@@ -99,8 +99,8 @@ def main() -> None:
             for index, text in enumerate(prompts):
                 result = decoder.generate([chat_prompt_ids(tokenizer, text)], max_new_tokens=args.max_new_tokens,
                                           sampling=sampling(index), eos_token_id=tokenizer.eos_token_id)
-                assert result.state is not None and result.state.route_calibration is not None
-                calibration = result.state.route_calibration
+                assert result.state is not None and result.state.proposal.calibration is not None
+                calibration = result.state.proposal.calibration
                 for h, name in enumerate((first, second)):
                     row = totals.setdefault(name, [[0] * calibration.offers.shape[-1] for _ in range(2)])
                     for k, (o, m) in enumerate(zip(calibration.offers[0, h].tolist(),

@@ -17,18 +17,18 @@ is taken every --interval (16) generated tokens. At each root:
 1. the draft (--draft, default the committed ``rnn`` head, the best of the three at depth 1 on held-out
    text, bench/results/selector_drafts.md; ``rnn`` and ``eagle`` read the target's hidden state of the
    token before each pending token, as in the engine) consumes the tokens since the last root in one pass;
-2. features (spec_fast.selector.root_features on spec_fast.selector.feature_law): hidden states of the
+2. features (spec_fast.nde.selector.root_features on spec_fast.nde.selector.feature_law): hidden states of the
    target and the draft at the token before the root and of the draft at the root, entropies and
    divergences of their laws, sampling parameters, context length, and the latency estimates of the
-   warm-up model (spec_fast.latency, measured at the start of the run or read from its cache);
-3. --trees shared draws (spec_fast.selector_data.DelayedDraws: a 16-token spine and 3 extra 8-token
+   warm-up model (spec_fast.nde.latency, measured at the start of the run or read from its cache);
+3. --trees shared draws (spec_fast.nde.selector_data.DelayedDraws: a 16-token spine and 3 extra 8-token
    branches below every trunk prefix of length 0..8) drafted level by level, one batched draft pass per
    level, prefixes shared between the draws;
 4. ONE target pass over the union of those trees (every node that has draws; leaves need no law);
-5. E_hat[tau(c, a) + 1] of all 324 actions per draw and method (spec_fast.selector_data.action_efficiencies
+5. E_hat[tau(c, a) + 1] of all 324 actions per draw and method (spec_fast.nde.selector_data.action_efficiencies
    with the Rao-Blackwellised estimator: the last level of every tree in expectation, spec_ref's
    acceptance closed forms), stored per draw and averaged (seed 002 averages s = 4 draws);
-6. T_hat(c, a): eq. 11 priced as the engine runs an NDE step (spec_fast.latency.LatencyModel.step_table:
+6. T_hat(c, a): eq. 11 priced as the engine runs an NDE step (spec_fast.nde.latency.LatencyModel.step_table:
    width tables of both models, K-wide branch levels, the root's draft pass on plain steps, the decoding
    operator per row), and eq. 11 verbatim as ``latency_eq11``.
 
@@ -56,9 +56,9 @@ from spec_fast.drafts.model import Drafter, ModelDrafter  # noqa: E402
 from spec_fast.drafts.prompts import synthetic_prompts  # noqa: E402
 from spec_fast.drafts.training import TrainConfig  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
-from spec_fast.latency import cache_key, load_or_measure, measure_latency  # noqa: E402
-from spec_fast.selector import SCALAR_FEATURES, feature_law, root_features  # noqa: E402
-from spec_fast.selector_data import DelayedDraws, action_efficiencies  # noqa: E402
+from spec_fast.nde.latency import cache_key, load_or_measure, measure_latency  # noqa: E402
+from spec_fast.nde.selector import SCALAR_FEATURES, feature_law, root_features  # noqa: E402
+from spec_fast.nde.selector_data import DelayedDraws, action_efficiencies  # noqa: E402
 from spec_ref.selector import action_space  # noqa: E402
 
 FORMAT_VERSION = 2
@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         "setting_of_prompt": "prompt index mod 4", "interval": args.interval, "roots_per_prompt": roots_per_prompt,
         "trees_per_root": trees_per_root, "estimator": "rao_blackwell", "methods": methods,
         "actions": [list(a) for a in actions], "scalar_features": list(SCALAR_FEATURES),
-        "feature_laws": "softmax(logits / T) (spec_fast.selector.feature_law)",
-        "latency_model": latency.to_json(), "latency": "spec_fast.latency.LatencyModel.step_table", "seed": args.seed, "threads": args.threads,
+        "feature_laws": "softmax(logits / T) (spec_fast.nde.selector.feature_law)",
+        "latency_model": latency.to_json(), "latency": "spec_fast.nde.latency.LatencyModel.step_table", "seed": args.seed, "threads": args.threads,
         "seconds": round(time.perf_counter() - start, 1),
         "seconds_by_phase": {k: round(v, 1) for k, v in timings.items()}, "roots": len(records["scalars"]),
     }

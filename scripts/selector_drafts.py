@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from spec_fast.decoding import decoding_operator
     from spec_fast.drafts.heads import load_distilled, load_drafter, load_head
     from spec_fast.drafts.training import TrainConfig
-    from spec_fast.latency import engine_law, measure_law_time, measure_pass_times
+    from spec_fast.nde.latency import engine_law, measure_law_time, measure_pass_times
     from spec_fast.models import chat_prompt_ids, load_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

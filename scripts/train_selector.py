@@ -3,9 +3,9 @@
     python scripts/train_selector.py                                   # bench/data/selector_dataset.npz
     python scripts/train_selector.py --data bench/data/selector_dataset_quick.npz --steps 100
 
-Split: every 5th prompt of the dataset is held out (spec_fast.selector_training.split_by_prompt). The
+Split: every 5th prompt of the dataset is held out (spec_fast.nde.selector_training.split_by_prompt). The
 baseline of eq. (5) is, per sampling setting, the best static action on the training roots. Training:
-spec_fast.selector_training.train_selector (AdamW, cosine schedule, fixed seed; progress on stderr); the same
+spec_fast.nde.selector_training.train_selector (AdamW, cosine schedule, fixed seed; progress on stderr); the same
 data and flags give bitwise the same weights on the same thread count.
 
 Writes spec_fast/weights/selector.safetensors (the weights, with the config, the method, the action space,
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from spec_fast.drafts.heads import WEIGHTS_DIR  # noqa: E402
-from spec_fast.selector_training import (  # noqa: E402
+from spec_fast.nde.selector_training import (  # noqa: E402
     SelectorData,
     TrainSettings,
     best_static_action,
@@ -68,7 +68,7 @@ def _markdown(meta: dict[str, object], reports: dict[str, dict[str, object]], ac
              f"Best static action on the training roots: {describe_actions(actions, static_action)}; best static "
              f"tree (an action that drafts): {describe_actions(actions, tree_action)}.", "",
              "Offline estimates E_hat[tau+1] / T_hat of the dataset (T_hat: eq. 11 priced as the engine runs a step, "
-             "spec_fast.latency.LatencyModel.step_time), not timed decoding. `tps_mean` = mean over roots of E/T "
+             "spec_fast.nde.latency.LatencyModel.step_time), not timed decoding. `tps_mean` = mean over roots of E/T "
              "(eq. 9, one-hot policy); `tps_pooled` = sum E / sum T; `differs` = share of roots whose action is not "
              "the best static one; interval: 95% prompt bootstrap of the ratio.", "",
              "| split | choice | block efficiency | T_hat (ms) | tps_mean | vs best static (95% CI) | tps_pooled | vs best static | differs |",

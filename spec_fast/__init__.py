@@ -23,9 +23,9 @@ _EXPORTS: dict[str, str] = {
     "draw_uniforms": "spec_fast.verify",
     "uniforms_per_node": "spec_fast.verify",
     "verify_tree": "spec_fast.verify",
-    "solver_sample": "spec_fast.kernels",
-    "solver_branching": "spec_fast.kernels",
-    "solver_acceptance": "spec_fast.kernels",
+    "solver_sample": "spec_fast.verify.otlp",
+    "solver_branching": "spec_fast.verify.otlp",
+    "solver_acceptance": "spec_fast.verify.otlp",
     # the decoding engine
     "Drafter": "spec_fast.drafts.model",
     "EarlyExitDrafter": "spec_fast.drafts.model",
@@ -33,19 +33,19 @@ _EXPORTS: dict[str, str] = {
     "early_exit_model": "spec_fast.drafts.model",
     "GenerationResult": "spec_fast.engine",
     "SamplingParams": "spec_fast.decoding",
-    "DecodeState": "spec_fast.decode_state",
+    "DecodeState": "spec_fast.engine.decode_state",
     "SpeculativeDecoder": "spec_fast.engine",
     # continuous batching: requests that join and leave a running batch
-    "BatchEngine": "spec_fast.batch_engine",
-    "RequestOutput": "spec_fast.batch_engine",
-    "RequestStats": "spec_fast.batch_engine",
-    "QueueFullError": "spec_fast.batch_engine",
+    "BatchEngine": "spec_fast.engine.batch_engine",
+    "RequestOutput": "spec_fast.engine.batch_engine",
+    "RequestStats": "spec_fast.engine.batch_engine",
+    "QueueFullError": "spec_fast.engine.batch_engine",
     "verify_greedy": "spec_fast.verify",
     # dual drafts (seed 000 routing, seed 001 merged tree)
     "DualDrafter": "spec_fast.drafts.dual",
     "TreeKVCache": "spec_fast.kv_cache",
     "GenerationMetrics": "spec_fast.metrics",
-    "chat_prompt_ids": "spec_fast.models",
+    "chat_prompt_ids": "spec_fast.chat",
     "load_model": "spec_fast.models",
     "Strategy": "spec_fast.strategies",
     "parse_strategy": "spec_fast.strategies",
@@ -76,17 +76,18 @@ __getattr__, __dir__ = lazy_exports("spec_fast", _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from spec_fast.api import Completion, generate
-    from spec_fast.batch_engine import BatchEngine, QueueFullError, RequestOutput, RequestStats
+    from spec_fast.engine.batch_engine import BatchEngine, QueueFullError, RequestOutput, RequestStats
     from spec_fast.decoding import SamplingParams, decoding_operator
     from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
     from spec_fast.drafts.dual import DualDrafter
     from spec_fast.engine import DecodeState, GenerationResult, SpeculativeDecoder
     from spec_fast.flat_tree import FlatTree
     from spec_fast.drafts.heads import DRAFT_NAMES, FeatureHead, HeadDrafter, load_distilled, load_drafter, load_head
-    from spec_fast.kernels import solver_acceptance, solver_branching, solver_sample
+    from spec_fast.verify.otlp import solver_acceptance, solver_branching, solver_sample
     from spec_fast.kv_cache import TreeKVCache
     from spec_fast.metrics import GenerationMetrics
-    from spec_fast.models import chat_prompt_ids, load_model
+    from spec_fast.chat import chat_prompt_ids
+    from spec_fast.models import load_model
     from spec_fast.rng import counter_uniforms
     from spec_fast.strategies import Strategy, parse_strategy
     from spec_fast.verify import (METHODS, TreeVerifyOutput, draw_uniforms, uniforms_per_node, verify_greedy,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
+from spec_fast.chat import template_ids
 from spec_fast.settings import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, ModelSource, SettingError,
                                 check_text, resolve_settings)
 
@@ -99,10 +100,7 @@ def prompt_ids(tokenizer: Any, messages: str | list[dict[str, str]]) -> list[int
     if not getattr(tokenizer, "chat_template", None):
         raise SettingError("prompt", "this model's tokenizer has no chat template; pass a string with "
                                      "chat=False (--no-chat)")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return template_ids(tokenizer, messages)
 
 
 class StopTextStream:

@@ -56,6 +56,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def law(self) -> tuple[float, int, float]:
+        """``(temperature, top_k, top_p)``: what fixes the sampling law G (the seed aside)."""
+        return (self.temperature, self.top_k, self.top_p)
+
 
 def decoding_operator(
     logits: torch.Tensor,

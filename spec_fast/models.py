@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from spec_fast.chat import chat_prompt_ids  # re-exported: the models' users tokenise prompts with it
 from spec_fast.settings import DEFAULT_THREADS
 
 __all__ = ["QUANTIZE", "LEAN_WEIGHTS", "lean_model", "DEFAULT_GGUF", "default_model_dir", "load_model",
@@ -313,16 +314,3 @@ def lean_model(model: Any, weights: str = "float32") -> Any:
         raise ValueError(f"weights must be one of {LEAN_WEIGHTS}, got weights={weights!r}")
     return LeanLlama.from_hf(model, weights)
 
-
-def chat_prompt_ids(tokenizer: Any, text: str, system: str | None = None, chat: bool = True) -> list[int]:
-    """Token ids of ``text``, wrapped in the tokenizer's chat template (with the assistant turn opened)."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("prompt must be a non-empty string, got an empty prompt")
-    if chat and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": text})
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(text)["input_ids"]]

@@ -1,4 +1,5 @@
-"""The import graph of the packages has no cycle (docs/engine.md: each module sits above what it imports).
+"""The import graph of the packages has no cycle, and ``spec_fast`` imports only downwards through its floors
+(docs/engine.md, "Layout": each module sits above what it imports).
 
 Read from the source with ``ast``, without importing anything: every ``import`` and ``from ... import`` of a
 module of the package counts, also inside functions (a lazy import still ties two modules together); only
@@ -88,3 +89,53 @@ def test_the_package_imports_form_no_cycle(package: str) -> None:
 def test_the_cycle_finder_finds_a_planted_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: ``spec_fast``'s floors, lowest first: a module imports only from its own floor or lower ones
+SPEC_FAST_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("spec_fast", "spec_fast._hf_compat", "spec_fast._lazy", "spec_fast._sampling", "spec_fast._validate",
+     "spec_fast.cache", "spec_fast.chat", "spec_fast.decoding", "spec_fast.draws", "spec_fast.flat_tree",
+     "spec_fast.kv_cache", "spec_fast.metrics", "spec_fast.rng", "spec_fast.strategies", "spec_fast.tree_attention"),
+    ("spec_fast.lean",),
+    ("spec_fast.verify",),
+    ("spec_fast.drafts",),
+    ("spec_fast.nde",),
+    ("spec_fast.engine",),
+    ("spec_fast.api", "spec_fast.models", "spec_fast.settings"),
+    ("spec_fast.serve",),
+    ("spec_fast.cli", "spec_fast.__main__"),
+)
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``module``: that of the longest floor entry equal to it or a package above it."""
+    best, level = -1, -1
+    for index, names in enumerate(SPEC_FAST_FLOORS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, level = len(name), index
+    if level < 0:
+        raise AssertionError(f"{module} is on no floor: add it to SPEC_FAST_FLOORS (and to docs/engine.md)")
+    return level
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{name} (floor {floor_of(name)}) -> {dep} (floor {floor_of(dep)})"
+            for name in sorted(graph) for dep in sorted(graph[name]) if floor_of(dep) > floor_of(name)]
+
+
+def test_spec_fast_imports_only_downwards() -> None:
+    modules = module_names("spec_fast")
+    graph = {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+    assert upward_imports(graph) == []
+
+
+def test_the_floor_check_finds_a_planted_upward_import() -> None:
+    graph = {"spec_fast.drafts.chain": {"spec_fast.engine.decoder"}, "spec_fast.engine.decoder": {"spec_fast.rng"}}
+    assert upward_imports(graph) == ["spec_fast.drafts.chain (floor 3) -> spec_fast.engine.decoder (floor 5)"]
+
+
+def test_no_spec_fast_module_is_much_over_500_lines() -> None:
+    modules = module_names("spec_fast")
+    long = {name: n for name, path in modules.items() if (n := len(path.read_text().splitlines())) > 520}
+    assert long == {}

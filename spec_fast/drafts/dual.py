@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from spec_fast.drafts.model import Drafter
-from spec_fast.drafting import DraftBatch
+from spec_fast.drafts.batch import DraftBatch
 from spec_fast.flat_tree import FlatTree
 from spec_fast.tree_attention import extend_ancestors
 from spec_fast.drafts.dual_calibration import (  # re-exported: the twin of spec_ref.dual_calibration

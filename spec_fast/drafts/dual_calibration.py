@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from spec_fast.drafting import DraftBatch
+from spec_fast.drafts.batch import DraftBatch
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.retrieval import RetrievalDrafter
 from spec_ref import dual_calibration as ref

@@ -2,8 +2,8 @@
 routed, with as little drafting as the route allows.
 
 A ``chain:L`` head drafts its deterministic top-1 chain on the device (:class:`TopChain`: the decisions and
-confidences of :func:`spec_fast.drafting.draft_topk_tree` with ``k = 1``, budget ``L``, without its per-level
-host reads and per-row Python trees). ``topk:...`` heads draft with :func:`~spec_fast.drafting.draft_topk_tree`.
+confidences of :func:`spec_fast.drafts.topk.draft_topk_tree` with ``k = 1``, budget ``L``, without its per-level
+host reads and per-row Python trees). ``topk:...`` heads draft with :func:`~spec_fast.drafts.topk.draft_topk_tree`.
 
 Routing a pair of chains stops drafting a head as soon as it cannot win (:func:`draft_dual`): along a chain
 the confidences never grow (``c_{i+1} = c_i q_{i+1}``, and a calibrated factor is at most 1), so after
@@ -34,19 +34,22 @@ from typing import Any
 
 import torch
 
-from spec_fast.commit import HeadTrack, Verified
-from spec_fast.drafting import DraftBatch, draft_root_only, draft_topk_tree, pending_forward
+from spec_fast.decoding import SamplingParams
+from spec_fast.drafts.batch import DraftBatch, DraftLaw, HeadTrack, cap_rows, draft_root_only, pending_forward
 from spec_fast.drafts.dual import (
     DualDraft, DualDrafter, RouteCalibration, calibrated_confidences, calibrated_route, confidence_mean,
-    expected_accepted,
-    merge_trees, node_match_lengths, route, select_heads, union_tree,
+    expected_accepted, merge_trees, node_match_lengths, observe_committed, route, select_heads, union_tree,
 )
 from spec_fast.drafts.dual_calibration import committed_block
 from spec_fast.drafts.model import Drafter
+from spec_fast.drafts.proposer import PlainProposer, ProposerRows, StepRows, batch_greedy
 from spec_fast.drafts.retrieval import RetrievalDrafter
+from spec_fast.drafts.topk import draft_topk_tree
 from spec_fast.flat_tree import FlatTree
+from spec_fast.strategies import Strategy
+from spec_fast.verify.tree import Verified
 
-__all__ = ["TopChain", "draft_dual", "finish_for_calibration"]
+__all__ = ["DualProposer", "RouteRows", "TopChain", "draft_dual", "finish_for_calibration"]
 
 
 @dataclass(eq=False)
@@ -55,7 +58,7 @@ class TopChain:
 
     ``logits [B, 1, V]``: the drafter's logits at the last drafted entry (the root after
     :meth:`start`); ``tokens``, ``probs``: per drafted level ``[B]`` the argmax token of ``softmax(logits)``
-    (lowest id on ties, as :func:`spec_fast.drafting.ranked_tokens`) and its float32 probability;
+    (lowest id on ties, as :func:`spec_fast.drafts.batch.ranked_tokens`) and its float32 probability;
     ``entries``: the block entry of the root, then of each forwarded level.
     """
 
@@ -71,7 +74,7 @@ class TopChain:
     @staticmethod
     def start(drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], depth: int,
               device: torch.device) -> TopChain:
-        """Feed the pending tokens (:func:`~spec_fast.drafting.pending_forward`) and draft level 1."""
+        """Feed the pending tokens (:func:`~spec_fast.drafts.batch.pending_forward`) and draft level 1."""
         logits, width = pending_forward(drafter, state, pending, device)
         chain = TopChain(drafter, state, depth, width, logits, entries=[width - 1])
         chain._take()
@@ -102,7 +105,7 @@ class TopChain:
 
     def confidences(self) -> torch.Tensor:
         """``[B, j + 1]`` float32 path confidences of the drafted levels (root 1): the float64 running product
-        of the float32 probabilities, rounded once, as :func:`~spec_fast.drafting.draft_topk_tree` keeps them."""
+        of the float32 probabilities, rounded once, as :func:`~spec_fast.drafts.topk.draft_topk_tree` keeps them."""
         taken = torch.stack(self.probs, dim=1).double()
         ones = torch.ones_like(taken[:, :1])
         return torch.cat([ones, torch.cumprod(taken, dim=1)], dim=1).float()
@@ -203,7 +206,7 @@ def _skip_second(heads: Sequence[HeadTrack], chain: TopChain, roots: Sequence[in
                  bound: torch.Tensor, device: torch.device) -> DualDraft:
     """The routed draft when only head 1 drafted: its ``chain``, on every row. Head 2 gets a stand-in draft
     (the root alone, no block entry) and ``pending_width`` 0, and is marked skipped, so the commit queues
-    everything committed as its pending tokens (:func:`spec_fast.commit.advance_head`); its reported mean is
+    everything committed as its pending tokens (:func:`spec_fast.engine.commit.advance_head`); its reported mean is
     the ``bound`` it lost with, as for a stopped head."""
     heads[1].pending_width = 0
     pick_first = torch.ones(len(roots), dtype=torch.bool, device=device)
@@ -282,3 +285,80 @@ def finish_for_calibration(dual: DualDraft, verified: Verified, calibration: Rou
         stopped[h] = None
     return replace(dual, head_drafts=(drafts[0], drafts[1]), head_match_lengths=(lengths[0], lengths[1]),
                    expected_accepted=expected, stopped=(stopped[0], stopped[1]))
+
+
+@dataclass
+class RouteRows:
+    """``route-calibrated``: per row, the calibration of draft probability to acceptance (None otherwise)."""
+
+    calibration: RouteCalibration | None
+
+    def take_rows(self, rows: list[int]) -> RouteRows:
+        if self.calibration is None:
+            return self
+        mine = self.calibration
+        index = torch.tensor(rows, dtype=torch.long, device=mine.offers.device)
+        return RouteRows(replace(mine, offers=mine.offers.index_select(0, index),
+                                 matches=mine.matches.index_select(0, index)))
+
+    def join(self, other: ProposerRows) -> RouteRows:
+        assert isinstance(other, RouteRows)
+        mine, theirs = self.calibration, other.calibration
+        if mine is None or theirs is None:
+            return self
+        return RouteRows(replace(mine, offers=torch.cat([mine.offers, theirs.offers]),
+                                 matches=torch.cat([mine.matches, theirs.matches])))
+
+
+class DualProposer(PlainProposer):
+    """Two drafters merged into one tree or routed (:class:`DualDrafter`), each drafting the strategy's
+    deterministic ``chain`` or ``topk`` tree."""
+
+    def __init__(self, strategy: Strategy, drafter: DualDrafter) -> None:
+        if strategy.shape not in ("chain", "topk"):
+            raise ValueError(f"a dual draft needs a deterministic 'chain' or 'topk' strategy per head, got "
+                             f"strategy {strategy.label()!r}")
+        super().__init__(strategy, drafter)
+        self.strategy = strategy
+        self.dual = drafter
+
+    def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],
+                   admitted: Sequence[SamplingParams]) -> bool:
+        # merge or route decides for the whole batch whether it is greedy
+        return all(s.greedy == sampling.greedy for s in [*running, *admitted])
+
+    def drafters(self) -> tuple[Drafter, ...]:
+        return self.dual.heads
+
+    def begin(self, batch: int, device: torch.device,
+              previous: tuple[torch.Tensor, torch.Tensor] | None) -> ProposerRows:
+        if self.dual.mode != "route-calibrated":
+            return RouteRows(None)
+        return RouteRows(RouteCalibration.start(batch, device, self.dual.initial_calibration()))
+
+    def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
+              ) -> tuple[DraftBatch, DualDraft | None]:
+        state = rows.proposal
+        assert isinstance(state, RouteRows)
+        strategy = self.strategy
+        dual = draft_dual(self.dual, rows.heads, rows.roots, depth_cap, strategy.shape == "chain", strategy.top_k,
+                          strategy.budget, batch_greedy(rows.samplings), state.calibration, device)
+        capped = cap_rows(dual.batch, rows.depth_caps)
+        return capped, replace(dual, batch=capped)
+
+    def after_verify(self, rows: StepRows, draft: DraftBatch, dual: DualDraft | None, verified: Verified,
+                     target_logits: torch.Tensor, target_hidden: torch.Tensor | None) -> DualDraft | None:
+        state = rows.proposal
+        assert isinstance(state, RouteRows)
+        if dual is None or state.calibration is None:
+            return dual
+        # the losing head's counts need its full chain
+        return finish_for_calibration(dual, verified, state.calibration, rows.active, rows.roots)
+
+    def after_commit(self, rows: StepRows, dual: DualDraft | None, verified: Verified, accepted: Sequence[int]
+                     ) -> None:
+        state = rows.proposal
+        assert isinstance(state, RouteRows)
+        if dual is not None and state.calibration is not None:  # both heads against the committed block
+            state.calibration = observe_committed(state.calibration, dual, verified.accepted_slots,
+                                                  verified.accepted_depth, verified.next_token, rows.active)

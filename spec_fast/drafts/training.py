@@ -85,7 +85,7 @@ def generate_responses(
     progress: Progress | None = None,
 ) -> list[tuple[list[int], list[int]]]:
     """``(prompt_ids, response_ids)`` for every prompt: greedy, then ``config.samples`` sampled rounds."""
-    from spec_fast.models import chat_prompt_ids
+    from spec_fast.chat import chat_prompt_ids
 
     prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
     eos = tokenizer.eos_token_id

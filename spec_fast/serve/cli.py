@@ -29,7 +29,7 @@ SHARED_FLAGS = ("model", "gguf_file", "draft", "dual", "strategy", "verifier", "
 #: the id of the default model in ``/v1/models`` (and the ``model`` clients send)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _API_KEY_ENV = "SPEC_FAST_API_KEY"
-#: spec_fast.batch_engine.DEPTH_POLICIES, kept here so that parsing imports no torch (a test keeps them equal)
+#: spec_fast.engine.batch_engine.DEPTH_POLICIES, kept here so that parsing imports no torch (a test keeps them equal)
 DEPTH_POLICIES = ("cost", "fixed")
 
 

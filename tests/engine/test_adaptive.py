@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spec_fast.drafts.model import EarlyExitDrafter
-from spec_fast.adaptive import AdaptiveController
+from spec_fast.engine.adaptive import AdaptiveController
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.batch_engine import BatchEngine, QueueFullError, RequestOutput
-from spec_fast.decode_state import DecodeState
+from spec_fast.engine.batch_engine import BatchEngine, QueueFullError, RequestOutput
+from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
 from spec_fast.draws import STEP_STRIDE, RowStreams
 from spec_fast.drafts.dual import DualDrafter
@@ -258,7 +258,7 @@ def test_stop_strings_cut_the_text_and_tokens_and_running_texts_only_grow(tiny_c
 
 
 def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_the_batch_fills_them() -> None:
-    from spec_fast.batch_depth import PassCost, choose_depth
+    from spec_fast.engine.batch_depth import PassCost, choose_depth
 
     # alone, a pass over 4 tokens costs 1.3x one over 1; with 8 rows every token costs its full share
     cost = PassCost({(r, t): (1.0 + 0.1 * (t - 1)) if r == 1 else float(t) for r in (1, 8) for t in (1, 2, 3, 4)})
@@ -271,7 +271,7 @@ def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_th
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spec_fast.batch_depth import measure_pass_cost
+    from spec_fast.engine.batch_depth import measure_pass_cost
     from spec_fast.kv_cache import TreeKVCache
 
     seen: list[list[int]] = []

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from spec_fast.batch_engine import BatchEngine
+from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter

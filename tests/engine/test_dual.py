@@ -12,10 +12,11 @@ import torch
 
 from spec_fast import DualDrafter
 from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
-from spec_fast.drafting import DraftBatch, draft_topk_tree, pending_forward
+from spec_fast.drafts.batch import DraftBatch, pending_forward
+from spec_fast.drafts.topk import draft_topk_tree
 from spec_fast.drafts.dual import merge_trees, route, tree_layout, union_tree
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.prefill import prefill_drafter
+from spec_fast.engine.prefill import prefill_drafter
 from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.strategies import parse_strategy
 from spec_fast.verify import verify_greedy

@@ -49,11 +49,11 @@ class _Recorder(SpeculativeDecoder):
         self.steps: list[tuple[Any, Any, list[bool], list[list[int]], RouteCalibration, RouteCalibration]] = []
 
     def _commit_phase(self, st: DecodeState, draft: Any, dual: Any, verified: Any, *rest: Any) -> Any:
-        before, active, text = st.route_calibration, list(st.active), [list(c) for c in st.committed]
+        before, active, text = st.proposal.calibration, list(st.active), [list(c) for c in st.committed]
         out = super()._commit_phase(st, draft, dual, verified, *rest)
         if dual is not None:
-            assert before is not None and st.route_calibration is not None
-            self.steps.append((dual, verified, active, text, before, st.route_calibration))
+            assert before is not None and st.proposal.calibration is not None
+            self.steps.append((dual, verified, active, text, before, st.proposal.calibration))
         return out
 
 
@@ -185,10 +185,10 @@ def test_the_calibration_leaves_a_confident_but_always_wrong_head(strategy: str)
     assert calibrated.head_selected[1] > raw.head_selected[0] / 4
     assert calibrated.head_accepted_tokens[1] >= calibrated.head_selected[1]  # right head's chains accepted
     state = results["route-calibrated"].state
-    assert state is not None and state.route_calibration is not None
+    assert state is not None and state.proposal.calibration is not None
     # head 1 never matched, and kept being counted after its last verified step
-    assert int(state.route_calibration.matches[:, 0].sum()) == 0
-    assert int(state.route_calibration.offers[:, 0, -1].sum()) >= sum(calibrated.head_selected)
+    assert int(state.proposal.calibration.matches[:, 0].sum()) == 0
+    assert int(state.proposal.calibration.offers[:, 0, -1].sum()) >= sum(calibrated.head_selected)
 
 
 def test_the_calibration_is_per_call_and_not_shared_between_threads() -> None:
@@ -202,8 +202,8 @@ def test_the_calibration_is_per_call_and_not_shared_between_threads() -> None:
     again = decoder.generate(prompts[0], max_new_tokens=NEW_TOKENS, sampling=sampling[0])
     assert again.tokens == alone[0].tokens and again.metrics.head_selected == alone[0].metrics.head_selected
     assert again.state is not None and alone[0].state is not None
-    assert again.state.route_calibration is not None and alone[0].state.route_calibration is not None
-    assert torch.equal(again.state.route_calibration.offers, alone[0].state.route_calibration.offers)
+    assert again.state.proposal.calibration is not None and alone[0].state.proposal.calibration is not None
+    assert torch.equal(again.state.proposal.calibration.offers, alone[0].state.proposal.calibration.offers)
     def call(i: int) -> Any:
         out = decoder.generate(prompts[i], max_new_tokens=NEW_TOKENS, sampling=sampling[i])
         return out.tokens, out.metrics.head_selected

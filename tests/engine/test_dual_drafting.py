@@ -1,5 +1,5 @@
 """The engine's dual drafting (:mod:`spec_fast.drafts.dual_drafting`): a head's device-side top-1 chain equals
-:func:`spec_fast.drafting.draft_topk_tree` with ``k = 1`` field for field, and routing that stops a head which
+:func:`spec_fast.drafts.topk.draft_topk_tree` with ``k = 1`` field for field, and routing that stops a head which
 cannot win makes every choice, every calibration count and (greedy and sampled) every token that routing the
 full drafts makes. Tiny random models, seconds."""
 
@@ -12,13 +12,13 @@ import torch
 
 from spec_fast import DualDrafter
 from spec_fast.decoding import SamplingParams
-from spec_fast.drafting import draft_topk_tree
+from spec_fast.drafts.topk import draft_topk_tree
 from spec_fast.drafts import dual_drafting
 from spec_fast.drafts.dual import RoutePrior
 from spec_fast.drafts.dual_drafting import TopChain
 from spec_fast.drafts.model import EarlyExitDrafter, ModelDrafter
 from spec_fast.engine import DecodeState, SpeculativeDecoder
-from spec_fast.prefill import prefill_drafter
+from spec_fast.engine.prefill import prefill_drafter
 from spec_fast.strategies import parse_strategy
 from spec_ref.dual_calibration import num_classes
 from tests.engine.test_dual import AR, DRAFT_MODEL, NEW_TOKENS, PROMPTS, RETRIEVAL, TARGET
@@ -114,9 +114,9 @@ def test_stopping_a_head_that_cannot_win_changes_no_choice_count_or_token(
         fast_state, full_state = fast_result.state, full_result.state
         assert fast_state is not None and full_state is not None
         if mode == "route-calibrated":
-            assert fast_state.route_calibration is not None and full_state.route_calibration is not None
-            assert torch.equal(fast_state.route_calibration.offers, full_state.route_calibration.offers)
-            assert torch.equal(fast_state.route_calibration.matches, full_state.route_calibration.matches)
+            assert fast_state.proposal.calibration is not None and full_state.proposal.calibration is not None
+            assert torch.equal(fast_state.proposal.calibration.offers, full_state.proposal.calibration.offers)
+            assert torch.equal(fast_state.proposal.calibration.matches, full_state.proposal.calibration.matches)
     # what stopping saves: draft passes (less those the calibration's counts needed after all)
     saved = sum(r.metrics.draft_passes for r in full_results) - sum(r.metrics.draft_passes for r in fast_results)
     assert saved > 0

@@ -75,4 +75,4 @@ def test_dynatree_history_matches_spec_ref_step_by_step(layers: int, spec: str) 
         adjusted = adjusted or (before and history.acceptance != before)
         context += new
     assert compared >= 3 and adjusted
-    assert result.state.dyna_history[0].acceptance == history.acceptance
+    assert result.state.proposal.history[0].acceptance == history.acceptance

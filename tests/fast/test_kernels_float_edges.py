@@ -1,4 +1,4 @@
-"""The engine's token-level kernels (spec_fast.kernels.otlp, built on spec_fast/solvers.py) on the float edge
+"""The engine's token-level kernels (spec_fast.verify.otlp, built on spec_fast/verify/solvers.py) on the float edge
 catalogue (tests/float_edges.py) in float64 and float32: the branching law given the drafts and the
 acceptance rate equal spec_ref's (exact at these edges, tests/ref/test_float_edges.py) to 1e-9 (float32
 inputs: 1e-6, as spec_ref renormalises the float32 sums in float64), never NaN,
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.kernels.otlp import SOLVER_NAMES, solver_acceptance, solver_branching, solver_sample
+from spec_fast.verify.otlp import SOLVER_NAMES, solver_acceptance, solver_branching, solver_sample
 from spec_ref import SOLVERS
 from tests.float_edges import edge_pairs
 

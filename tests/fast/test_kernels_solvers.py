@@ -1,4 +1,4 @@
-"""Token-level kernels (spec_fast.kernels) against spec_ref.solvers: sample draw for draw, branching and
+"""Token-level kernels (spec_fast.verify.otlp) against spec_ref.solvers: sample draw for draw, branching and
 acceptance to float32 tolerance, on Hypothesis-drawn (p, q, draws) batches."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import spec_ref
-from spec_fast.kernels import SOLVER_NAMES, solver_acceptance, solver_branching, solver_sample
+from spec_fast.verify.otlp import SOLVER_NAMES, solver_acceptance, solver_branching, solver_sample
 from spec_fast.rng import counter_uniforms
 from spec_fast.verify import uniforms_per_node
 from tests.fast.test_kernels_helpers import single_thread_torch, dyadic_probs

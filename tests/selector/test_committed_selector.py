@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
-from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorNet, tree_key
-from spec_fast.selector_training import best_static_action, load_dataset, load_selector, split_by_prompt
+from spec_fast.nde.selector import SCALAR_FEATURES, RootFeatures, SelectorNet, tree_key
+from spec_fast.nde.selector_training import best_static_action, load_dataset, load_selector, split_by_prompt
 
 DATASET = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "data", "selector_dataset.npz")
 

@@ -1,4 +1,4 @@
-"""The eq. 11 warm-up microbenchmark (spec_fast.latency) on tiny random models: a valid, positive, monotone
+"""The eq. 11 warm-up microbenchmark (spec_fast.nde.latency) on tiny random models: a valid, positive, monotone
 latency model that feeds spec_ref.selector.latency_table, a non-negative fit, and the JSON cache."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spec_fast.drafts.model import ModelDrafter
-from spec_fast.latency import (
+from spec_fast.nde.latency import (
     LatencyModel,
     PassTime,
     PassTimeFit,

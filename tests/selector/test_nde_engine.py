@@ -20,9 +20,9 @@ import torch
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter
 from spec_fast.engine import SpeculativeDecoder
-from spec_fast.latency import LatencyModel, PassTimeFit
+from spec_fast.nde.latency import LatencyModel, PassTimeFit
 from spec_fast.nde import HiddenRecorder, NdeChoice, NdeSelector
-from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet
+from spec_fast.nde.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import hf_greedy, tiny_llama
 
@@ -239,7 +239,7 @@ def test_smollm2_greedy_nde_with_the_committed_selector_equals_greedy_ar() -> No
     from spec_fast.drafts.heads import load_drafter
     from spec_fast.models import chat_prompt_ids, load_model
     from spec_fast.nde import DEFAULT_SELECTOR_WEIGHTS
-    from spec_fast.selector_training import load_selector
+    from spec_fast.nde.selector_training import load_selector
 
     model, tokenizer = load_model()
     net, _ = load_selector(DEFAULT_SELECTOR_WEIGHTS)

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.drafting import DraftBatch
-from spec_fast.engine import DecodeState, HeadTrack, SamplingParams, SpeculativeDecoder
+from spec_fast.drafts.batch import DraftBatch
+from spec_fast.engine import DecodeState, SamplingParams, SpeculativeDecoder
 from spec_fast.flat_tree import FlatTree
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.strategies import parse_strategy
@@ -93,11 +93,11 @@ class _PeekingNdeDecoder(SpeculativeDecoder):
     """Mutant (test only): the shape is chosen after drafting -- rows whose first draft token is T_STAR
     drop every drafted node (their step becomes a plain draw from p at the root)."""
 
-    def _draft_nde(self, st: DecodeState, head: HeadTrack, depth_cap: int) -> DraftBatch:
-        draft = super()._draft_nde(st, head, depth_cap)
+    def _draft_phase(self, st: DecodeState, depth_cap: int) -> tuple[DraftBatch, Any]:
+        draft, dual = super()._draft_phase(st, depth_cap)
         tree = draft.tree
         if tree.num_slots == 1:
-            return draft
+            return draft, dual
         drop = (tree.tokens[:, 1] == T_STAR).unsqueeze(1)  # [B, 1]
         keep_node = torch.ones_like(tree.valid)
         keep_node[:, 1:] = ~drop
@@ -105,7 +105,7 @@ class _PeekingNdeDecoder(SpeculativeDecoder):
         draws = torch.where(drop.unsqueeze(2), torch.full_like(tree.draws, -1), tree.draws)
         mutated = FlatTree(tree.tokens, tree.parents, tree.depths, draws, valid, tree.process)
         return DraftBatch(mutated, draft.draft_probs, draft.confidences, draft.entries, draft.tokens_in,
-                          draft.pending_width, draft.max_depth)
+                          draft.pending_width, draft.max_depth), dual
 
 
 def test_the_chi2_test_rejects_an_nde_that_chooses_after_drafting() -> None:

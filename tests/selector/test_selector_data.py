@@ -1,4 +1,4 @@
-"""Dataset targets (spec_fast.selector_data): E[tau+1] of every action's tree from one shared draw equals
+"""Dataset targets (spec_fast.nde.selector_data): E[tau+1] of every action's tree from one shared draw equals
 spec_ref.efficiency.expected_block_efficiency on that very (K, L1, L2) delayed tree, drawn by
 spec_ref.drafting.draft_delayed_tree replaying the same tokens (every OT method, every action)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spec_fast.selector_data import DelayedDraws, action_efficiencies, delayed_tree_paths
+from spec_fast.nde.selector_data import DelayedDraws, action_efficiencies, delayed_tree_paths
 from spec_ref.drafting import draft_delayed_tree
 from spec_ref.efficiency import expected_block_efficiency
 from spec_ref.rng import RandomSource

@@ -1,4 +1,4 @@
-"""NDE selector in torch (spec_fast.selector) against plain numpy and the spec_ref.selector oracle.
+"""NDE selector in torch (spec_fast.nde.selector) against plain numpy and the spec_ref.selector oracle.
 
 Features: entropies, KL divergences and L1 distance against a plain numpy computation (0 log 0 = 0, the
 documented KL floor on disjoint supports); the latency columns against spec_ref's eq. 11. Loss: the torch
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast import selector as fast
+from spec_fast.nde import selector as fast
 from spec_ref import selector as ref
 
 

@@ -1,4 +1,4 @@
-"""Selector training (spec_fast.selector_training) on tiny synthetic datasets: bitwise reproducible weights
+"""Selector training (spec_fast.nde.selector_training) on tiny synthetic datasets: bitwise reproducible weights
 for a fixed seed (and different weights for another seed), a learnable context-dependent choice is learned
 (the policy beats the best static action and approaches the oracle), and the dataset file round-trips."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from spec_fast.selector import SCALAR_FEATURES, SelectorConfig, SelectorNet
-from spec_fast.selector_training import (
+from spec_fast.nde.selector import SCALAR_FEATURES, SelectorConfig, SelectorNet
+from spec_fast.nde.selector_training import (
     SelectorData,
     TrainSettings,
     evaluate_policy,

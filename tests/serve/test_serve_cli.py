@@ -29,7 +29,7 @@ def test_serve_shares_generates_model_flags_and_their_defaults() -> None:
 
 
 def test_depth_policies_match_the_engines() -> None:
-    from spec_fast.batch_engine import DEPTH_POLICIES
+    from spec_fast.engine.batch_engine import DEPTH_POLICIES
     from spec_fast.serve.cli import DEPTH_POLICIES as SERVE_POLICIES
 
     assert SERVE_POLICIES == DEPTH_POLICIES

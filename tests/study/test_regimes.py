@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bench.regimes_eval import action_draws, ot_depth_mass, reduce_pair, traversal_depth_law, tree_of
-from spec_fast.selector_data import DelayedDraws
+from spec_fast.nde.selector_data import DelayedDraws
 from spec_ref.controlled_draft import (
     acceptance,
     mixture_acceptance,

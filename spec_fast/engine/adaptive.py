@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the engine imports this module
-    from spec_fast.commit import HeadTrack
+    from spec_fast.drafts.batch import HeadTrack
 
 __all__ = ["AdaptiveController", "HINT_CLASSES", "match_hint"]
 

@@ -27,21 +27,21 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from spec_fast.decode_state import DecodeState
+from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
+from spec_fast.drafts.proposer import Proposer
 from spec_fast.strategies import Strategy
 
 if TYPE_CHECKING:
-    from spec_fast.batch_depth import PassCost
-    from spec_fast.nde import NdeSelector
+    from spec_fast.engine.batch_depth import PassCost
 
 __all__ = ["BatchEngine", "StepDecoder", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS",
            "DEPTH_POLICIES"]
 
 #: ``cost``: each step's draft depth from the batch's size and the measured pass cost
-#: (:mod:`spec_fast.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
+#: (:mod:`spec_fast.engine.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
 #: same whatever shares its batch)
 DEPTH_POLICIES = ("cost", "fixed")
 #: why a request ended: EOS or a stop string, its ``max_new_tokens``, or :meth:`BatchEngine.abort`
@@ -57,10 +57,7 @@ class StepDecoder(Protocol):
 
     strategy: Strategy
     drafter: Drafter | None
-    selector: NdeSelector | None
-
-    @property
-    def dual(self) -> DualDrafter | None: ...
+    proposer: Proposer
 
     def check_request(self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
                       name: str = "prompt") -> None: ...
@@ -342,14 +339,8 @@ class BatchEngine:
 
     def _compatible(self, request: _Request, admitted: list[_Request]) -> bool:
         """Whether ``request`` may join the running rows and those admitted with it."""
-        others = self._rows + admitted
-        if self.decoder.selector is not None:  # nde: static batches of one sampling law
-            if self._rows:
-                return False
-            return all(_law(r.sampling) == _law(request.sampling) for r in admitted)
-        if self.decoder.dual is not None:
-            return all(r.sampling.greedy == request.sampling.greedy for r in others)
-        return True
+        return self.decoder.proposer.compatible(request.sampling, [r.sampling for r in self._rows],
+                                                [r.sampling for r in admitted])
 
     def _keep_rows(self, rows: list[int]) -> None:
         """Keep only running rows ``rows`` (the others' cache rows are freed)."""
@@ -390,10 +381,6 @@ class BatchEngine:
         if self.tokenizer is not None:
             text = self._decode(request.tokens)
         return RequestOutput(request.request_id, tokens, True, reason, text, _snapshot(request.stats))
-
-
-def _law(sampling: SamplingParams) -> tuple[float, int, float]:
-    return (sampling.temperature, sampling.top_k, sampling.top_p)
 
 
 def _snapshot(stats: RequestStats) -> RequestStats:

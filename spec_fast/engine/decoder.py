@@ -4,7 +4,7 @@ One step, batched over ``B`` rows (each row = one request), one method per phase
 
 1. **draft** (:meth:`SpeculativeDecoder._draft_phase`): each drafter first consumes the row's *pending*
    tokens (committed tokens its cache lacks, ending with the *root token*, the last committed token), then
-   a :mod:`spec_fast.drafting` builder grows the tree; a :class:`~spec_fast.drafts.dual.DualDrafter` drafts with
+   a :mod:`spec_fast.drafts.batch` builder grows the tree; a :class:`~spec_fast.drafts.dual.DualDrafter` drafts with
    both heads and merges or routes their trees (:mod:`spec_fast.drafts.dual`). Row b's tree is at most
    ``min(depth, tokens it may still emit - 1)`` deep, whatever the other rows need.
 2. **target** (:meth:`~SpeculativeDecoder._target_phase`): one batched pass over the whole tree (slot 0 =
@@ -20,8 +20,8 @@ One step, batched over ``B`` rows (each row = one request), one method per phase
    accepted path by gathering its entries in place (:meth:`spec_fast.kv_cache.TreeKVCache.commit`);
    nothing accepted is re-run; a drafter lacking entries of the path gets them as pending tokens.
 
-All per-request state lives in a :class:`~spec_fast.decode_state.DecodeState`, whose rows may change between
-steps (:class:`spec_fast.batch_engine.BatchEngine` adds and removes requests); the decoder holds the models,
+All per-request state lives in a :class:`~spec_fast.engine.decode_state.DecodeState`, whose rows may change between
+steps (:class:`spec_fast.engine.batch_engine.BatchEngine` adds and removes requests); the decoder holds the models,
 the strategy and (``+adaptive``) the greedy speed controller, whose choices never change greedy tokens. One
 decoder may serve several threads at once, each with its own state.
 
@@ -34,33 +34,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from spec_fast.adaptive import AdaptiveController, match_hint
-from spec_fast.batch_depth import PassCost, choose_depth, measure_pass_cost
-from spec_fast.batch_engine import BatchEngine
-from spec_fast.commit import HeadTrack, Verified, advance_head, aligned, is_block_prefix, pad_rows, read_back
-from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
-from spec_fast.draws import DRAFT, VERIFY, stream_keys
-from spec_fast.drafting import (
-    DraftBatch, cap_rows, draft_chain, draft_delayed_tree, draft_dynatree, draft_root_only, draft_topk_tree,
-)
-from spec_fast.drafts.dual import DualDraft, DualDrafter, RouteCalibration, observe_committed
-from spec_fast.drafts.dual_drafting import draft_dual, finish_for_calibration
+from spec_fast.drafts.batch import DraftBatch, HeadTrack, draft_root_only
+from spec_fast.drafts.dual import DualDraft, DualDrafter
 from spec_fast.drafts.model import Drafter
+from spec_fast.draws import DRAFT, VERIFY, stream_keys
+from spec_fast.engine.adaptive import AdaptiveController, match_hint
+from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_cost
+from spec_fast.engine.batch_engine import BatchEngine
+from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
+from spec_fast.engine.decode_state import DecodeState
+from spec_fast.engine.prefill import prefill_drafter, prefill_target
+from spec_fast.engine.proposers import make_proposer
+from spec_fast.engine.step_verify import VerifyStreams, draft_law, most_draws, verify_rows, verify_sampled
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
-from spec_fast.nde import HiddenRecorder, NdeSelector, check_nde_drafter, draft_nde, load_nde_selector
-from spec_fast.prefill import prefill_drafter, prefill_target
-from spec_fast.step_verify import VerifyStreams, batch_greedy, draft_law, most_draws, verify_rows, verify_sampled
+from spec_fast.nde.proposer import NdeSelector
 from spec_fast.strategies import Strategy
-from spec_fast.verify import TreeVerifyOutput
-from spec_ref.dynatree import DynaTreeHistory, adjusted_params, update_history
+from spec_fast.verify.tree import TreeVerifyOutput, Verified
 
 __all__ = ["SamplingParams", "GenerationResult", "SpeculativeDecoder", "DecodeState", "HeadTrack"]
 
@@ -92,16 +89,8 @@ class SpeculativeDecoder:
                  selector: NdeSelector | None = None) -> None:
         if strategy.drafts and drafter is None:
             raise ValueError(f"strategy {strategy.label()!r} needs a drafter, got drafter=None")
-        self.selector: NdeSelector | None = None
-        if strategy.shape == "nde":
-            drafter = check_nde_drafter(drafter)
-            self.selector = selector if selector is not None else load_nde_selector(
-                target, drafter, device=next(target.parameters()).device)
-            self.selector.check_sizes(int(target.get_output_embeddings().weight.shape[1]), drafter.draft_hidden_size,
-                                      (strategy.num_paths, strategy.trunk, strategy.depth - strategy.trunk))
-        if isinstance(drafter, DualDrafter) and strategy.shape not in ("chain", "topk"):
-            raise ValueError(f"a dual draft needs a deterministic 'chain' or 'topk' strategy per head, got "
-                             f"strategy {strategy.label()!r}")
+        #: the strategy's drafting side (:func:`spec_fast.engine.proposers.make_proposer`)
+        self.proposer = make_proposer(strategy, target, drafter, selector)
         self.target = target
         self.drafter = drafter
         self.strategy = strategy
@@ -120,7 +109,7 @@ class SpeculativeDecoder:
         )
 
     def pass_cost(self) -> PassCost:
-        """The target's measured pass cost by (rows, tokens per row) (:mod:`spec_fast.batch_depth`), measured
+        """The target's measured pass cost by (rows, tokens per row) (:mod:`spec_fast.engine.batch_depth`), measured
         on first use at the current torch thread count (a few seconds) and kept."""
         threads = torch.get_num_threads()
         if threads not in self._pass_costs:
@@ -181,7 +170,7 @@ class SpeculativeDecoder:
 
         ``on_tokens(new_tokens_per_row)`` is called after every step (streaming); when it returns True,
         generation ends after that step (stop strings). ``record_trees`` keeps every verified tree in
-        ``result.trees``. A static batch on :class:`spec_fast.batch_engine.BatchEngine`: every prompt is
+        ``result.trees``. A static batch on :class:`spec_fast.engine.batch_engine.BatchEngine`: every prompt is
         one request (row b draws from stream b of ``sampling.seed``), all admitted at once, and finished
         rows stay in the batch until the last ends (``result.state`` holds every row).
         """
@@ -224,18 +213,15 @@ class SpeculativeDecoder:
         with plain steps) prefilled. Row b decodes ``prompts[b]`` with ``samplings[b]`` from stream
         ``streams[b]`` of its seed (:func:`spec_fast.draws.stream_keys`)."""
         batch = len(prompts)
-        drafters: tuple[Drafter, ...] = ()
-        if self.strategy.drafts and self.drafter is not None:
-            drafters = self.dual.heads if self.dual is not None else (self.drafter,)
-        nde = self.selector is not None
-        if nde and self.drafter is not None:  # per call: the recorder keeps this call's draft outputs
-            drafters = (HiddenRecorder(self.drafter),)
+        proposer = self.proposer
+        drafters = proposer.drafters() if self.strategy.drafts else ()
         # trained heads read the verifier's hidden states of every committed entry (seed 000 (docs/papers.md)
         # section 7); the NDE selector reads the target's at the token before each root
-        wants_hidden = nde or any(bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
+        wants_hidden = proposer.reads_target_hidden or any(
+            bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
         target_cache = TreeKVCache(self.target, batch, self.device)
         root_logits, root_hidden, observe, previous = prefill_target(target_cache, prompts, self.device,
-                                                                     wants_hidden, nde)
+                                                                     wants_hidden, proposer.reads_previous)
         # +adaptive steers greedy rows only: at T > 0 the kind of a step changes which sample a seed gives
         controller = self.controller if all(s.greedy for s in samplings) else None
         # a controller that prefers plain steps skips the draft prefill: the prompt waits as pending tokens
@@ -260,20 +246,18 @@ class SpeculativeDecoder:
             samplings=list(samplings), max_new=list(max_new), eos=set(eos), target_cache=target_cache, heads=heads,
             metrics=metrics, controller=controller, wants_hidden=wants_hidden, roots=[p[-1] for p in prompts],
             outputs=[[] for _ in range(batch)], committed=[list(p) for p in prompts], active=[True] * batch,
-            dyna_history=[DynaTreeHistory(window=self.strategy.dynatree_window) for _ in range(batch)],
             draft_keys=stream_keys([s.seed for s in samplings], streams, DRAFT, self.device),
             verify_keys=stream_keys([s.seed for s in samplings], streams, VERIFY, self.device),
             row_steps=torch.zeros(batch, dtype=torch.long, device=self.device), fresh=[True] * batch,
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
-            nde_previous=previous, step_accepted=[-1] * batch, step_drafted=[-1] * batch,
-            route_calibration=RouteCalibration.start(batch, self.device, self.dual.initial_calibration())
-            if self.dual is not None and self.dual.mode == "route-calibrated" else None,
+            proposal=proposer.begin(batch, self.device, previous), step_accepted=[-1] * batch,
+            step_drafted=[-1] * batch,
         )
 
     def depth_caps(self, st: DecodeState) -> list[int]:
         """Row b's deepest draft this step: the strategy's depth, less where the row may emit fewer tokens
         (a function of the row alone, so its tree does not depend on its neighbours); with
-        ``st.pass_cost``, at most the depth :func:`spec_fast.batch_depth.choose_depth` picks for the batch."""
+        ``st.pass_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch."""
         depth = self.strategy.depth
         if st.pass_cost is not None and self.strategy.drafts:
             depth = choose_depth(st.pass_cost, sum(st.active), depth, st.metrics.depth_reached,
@@ -297,12 +281,7 @@ class SpeculativeDecoder:
         fresh = list(st.fresh)
         target_logits, hidden = self._target_phase(st, draft)
         verified = self._verify_phase(st, draft, dual, target_logits)
-        if dual is not None and st.route_calibration is not None:  # the losing head's counts need its full chain
-            dual = finish_for_calibration(dual, verified, st.route_calibration, st.active, st.roots)
-        if self.selector is not None and hidden is not None:
-            # the target at the new root's preceding token: the accepted path's last slot
-            last = verified.accepted_slots.gather(1, verified.accepted_depth.unsqueeze(1))  # [B, 1]
-            st.nde_previous = (_take_slot(target_logits, last), _take_slot(hidden, last))
+        dual = self.proposer.after_verify(st, draft, dual, verified, target_logits, hidden)
         new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, fresh, depth_cap)
         st.row_steps += 1
         if st.controller is not None and not any(fresh):  # the first step's timing is not a step's
@@ -315,45 +294,13 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ phase 1: draft
     def _draft_phase(self, st: DecodeState, depth_cap: int) -> tuple[DraftBatch, DualDraft | None]:
-        """Every drafter drafts its tree below the current roots (a root-only batch on plain steps); row b
-        at most ``st.depth_caps[b]`` deep."""
-        strategy = self.strategy
-        caps = st.depth_caps
+        """The proposer's trees below the current roots (a root-only batch on plain steps); row b at most
+        ``st.depth_caps[b]`` deep."""
         if depth_cap < 1:
             for head in st.heads:
                 head.pending_width = 0
-            return draft_root_only(st.roots, strategy.process, self.device), None
-        if self.dual is not None:
-            dual = draft_dual(self.dual, st.heads, st.roots, depth_cap, strategy.shape == "chain", strategy.top_k,
-                              strategy.budget, batch_greedy(st), st.route_calibration, self.device)
-            capped = cap_rows(dual.batch, caps)
-            return capped, replace(dual, batch=capped)
-        head = st.heads[0]
-        if strategy.shape == "nde":
-            return self._draft_nde(st, head, depth_cap), None
-        args = (head.drafter, head.state, head.pending, st.roots)
-        if strategy.shape == "chain":
-            draft = cap_rows(draft_chain(*args, depth_cap, self._draft_law(st.samplings), st.draft_streams(),
-                                         self.device), caps)
-        elif strategy.shape in ("iid", "delayed"):
-            draft = draft_delayed_tree(*args, caps, strategy.num_paths, strategy.trunk,
-                                       self._draft_law(st.samplings), st.draft_streams(), self.device)
-        elif strategy.shape == "topk":
-            draft = draft_topk_tree(*args, caps, strategy.top_k, strategy.budget, self.device)
-        else:
-            params = [adjusted_params(strategy.dynatree_params(), h) for h in st.dyna_history]
-            draft, depths = draft_dynatree(*args, caps, params, st.active, self.device)
-            for b, history in enumerate(st.dyna_history):
-                if st.active[b] and depths[b] >= 1:  # a root-only row took a plain step, as alone
-                    st.dyna_history[b] = DynaTreeHistory(window=history.window, acceptance=history.acceptance,
-                                                         pending_depth=depths[b])
-        head.pending_width = draft.pending_width
-        return draft, None
-
-    def _draft_nde(self, st: DecodeState, head: HeadTrack, depth_cap: int) -> DraftBatch:
-        """The ``nde`` draft (:func:`spec_fast.nde.draft_nde`); a method so a test can wrap it."""
-        assert self.selector is not None
-        return draft_nde(st, head, self.selector, st.depth_caps, self._draft_law(st.samplings), self.device)
+            return draft_root_only(st.roots, self.strategy.process, self.device), None
+        return self.proposer.draft(st, depth_cap, self._draft_law(st.samplings), self.device)
 
     # ------------------------------------------------------------------ phase 2: target
     def _target_phase(self, st: DecodeState, draft: DraftBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -398,7 +345,7 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
                       target_logits: torch.Tensor) -> Verified:
-        """Every row's verification (:func:`spec_fast.step_verify.verify_rows`)."""
+        """Every row's verification (:func:`spec_fast.engine.step_verify.verify_rows`)."""
         method = "nss" if dual is not None else self.strategy.verifier
 
         def sampled(rows: DraftBatch, logits: torch.Tensor, draft_probs: torch.Tensor,
@@ -411,12 +358,12 @@ class SpeculativeDecoder:
     def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
                          draft_probs: torch.Tensor, sampling: Sequence[SamplingParams], offset: VerifyStreams
                          ) -> tuple[TreeVerifyOutput, VerifyStreams]:
-        """:func:`spec_fast.step_verify.verify_sampled` for this strategy (a method so a test can wrap it)."""
+        """:func:`spec_fast.engine.step_verify.verify_sampled` for this strategy (a method so a test can wrap it)."""
         return verify_sampled(method, most_draws(self.strategy), draft, target_logits, draft_probs, sampling, offset)
 
     def _draft_law(self, samplings: Sequence[SamplingParams] | SamplingParams
                    ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """:func:`spec_fast.step_verify.draft_law` of this strategy."""
+        """:func:`spec_fast.engine.step_verify.draft_law` of this strategy."""
         return draft_law(samplings, self.strategy.shape == "chain")
 
     # ------------------------------------------------------------------ phase 4: commit
@@ -426,11 +373,9 @@ class SpeculativeDecoder:
         """Emit the accepted tokens, gather every cache to the accepted path, queue what a drafter lacks."""
         batch = len(st.active)
         entries = dual.head_entries if dual is not None else (draft.entries,) * len(st.heads)
-        if st.route_calibration is not None and dual is not None:  # both heads against the committed block
-            st.route_calibration = observe_committed(st.route_calibration, dual, verified.accepted_slots,
-                                                     verified.accepted_depth, verified.next_token, st.active)
         # host side: one read of this step's small tensors (stopping, streaming, cache bookkeeping)
         slots, tokens, nxt, nacc, depths, choice, head_of, entry_lists = read_back(verified, draft, dual, entries)
+        self.proposer.after_commit(st, dual, verified, nacc)
         drafted = depth_cap >= 1
         new_tokens: list[list[int]] = [[] for _ in range(batch)]
         keep_t: list[list[int]] = [[] for _ in range(batch)]
@@ -447,8 +392,6 @@ class SpeculativeDecoder:
             emitted_rows.append(nacc[b] + 1)
             st.step_accepted[b] = nacc[b]
             st.step_drafted[b] = sum(1 for t in tokens[b][1:] if t >= 0)
-            if st.dyna_history[b].pending_depth is not None:
-                st.dyna_history[b] = update_history(st.dyna_history[b], nacc[b])
             if dual is not None:
                 # route: the head whose tree was verified; merge: the head that supplied the accepted path
                 supplier = choice[b] if dual.choice is not None else head_of[b][path[-1]]
@@ -495,7 +438,3 @@ class SpeculativeDecoder:
                 head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
                                     is_block_prefix(keep_d[h], counts, aligned(head.state)))
 
-
-def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``values [B, N, X]`` at ``slots [B, 1]`` -> ``[B, X]``."""
-    return values.gather(1, slots.unsqueeze(2).expand(-1, 1, values.shape[2])).squeeze(1)

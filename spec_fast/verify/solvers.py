@@ -1,7 +1,7 @@
 """Token-level solvers at one node per row, batched (docs/algorithms.md section 3): the twins of
 :mod:`spec_ref.solvers` (NSS, naive, SpecTr K-SEQ, SpecInfer, Khisti), consuming each node's uniforms in
 the order documented there. :func:`spec_fast.verify.verify_tree` calls them from the top-down driver;
-:mod:`spec_fast.kernels.otlp` exposes them one node at a time.
+:mod:`spec_fast.verify.otlp` exposes them one node at a time.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 * :func:`split_by_prompt` -- train / held-out roots by prompt (a prompt's roots never straddle the split).
 * :func:`static_baselines` -- ``a_base`` per sampling setting: the static action with the best mean
   per-root throughput ``E / T`` on the training roots of that setting (eq. 5's baseline).
-* :func:`train_selector` -- AdamW on eq. (12) (:func:`spec_fast.selector.selector_loss`, penalty included),
+* :func:`train_selector` -- AdamW on eq. (12) (:func:`spec_fast.nde.selector.selector_loss`, penalty included),
   seeded initialisation, seeded minibatch order, dropout from a seeded generator: the same data, config and
   thread count give bitwise the same weights.
 * :func:`save_selector` / :func:`load_selector` -- the weights as safetensors, the config and anything
@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from spec_fast.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss, tree_key
+from spec_fast.nde.selector import SCALAR_FEATURES, RootFeatures, SelectorConfig, SelectorNet, selector_loss, tree_key
 
 __all__ = ["SelectorData", "TrainSettings", "load_dataset", "split_by_prompt", "static_baselines",
            "best_static_action", "train_selector", "evaluate_policy", "cross_validate", "save_selector", "load_selector"]

@@ -11,7 +11,7 @@ network of seed 002 (docs/papers.md) eq. (10) and the features of its appendix E
   - scalars (:data:`SCALAR_FEATURES`, in this order): ``H(p_prev)``, ``H(q_prev)``, ``H(q_root)``,
     ``KL(p_prev || q_prev)``, ``KL(q_prev || p_prev)``, ``||p_prev - q_prev||_1``, context length ``|x|``,
     temperature, top-p, and the latency estimates ``t_q(|x|)``, ``t_p(|x|)`` of one draft and one target
-    pass (eq. 11's time model, :mod:`spec_fast.latency`).
+    pass (eq. 11's time model, :mod:`spec_fast.nde.latency`).
 
   ``p_prev`` / ``q_prev`` are the target / draft next-token laws at the token before the root, ``q_root``
   the draft law at the root, each the *tempered softmax* ``softmax(logits / T)`` (:func:`feature_law`;

@@ -21,17 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from spec_fast._sampling import _inverse_cdf
-from spec_fast.commit import Verified
-from spec_fast.decode_state import DecodeState
+from spec_fast.verify.tree import Verified
+from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams, sampling_probs
-from spec_fast.drafting import DraftBatch
+from spec_fast.drafts.batch import DraftBatch
 from spec_fast.flat_tree import FlatTree
 from spec_fast.rng import counter_uniforms
 from spec_fast.strategies import Strategy
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
 
-__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs", "most_draws",
-           "batch_greedy"]
+__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs", "most_draws"]
 
 Law = Callable[[torch.Tensor], torch.Tensor]
 
@@ -132,15 +131,6 @@ def most_draws(strategy: Strategy) -> int:
     if strategy.shape == "topk":
         return strategy.top_k
     return 1
-
-
-def batch_greedy(st: DecodeState) -> bool:
-    """Whether the batch is greedy, for parts that decide for the whole batch (a ``ValueError`` when its
-    rows mix greedy and sampled requests)."""
-    greedy = {s.greedy for s in st.samplings}
-    if len(greedy) > 1:
-        raise ValueError("this strategy cannot mix greedy and sampled requests in one batch")
-    return greedy.pop()
 
 
 def target_probs(logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:

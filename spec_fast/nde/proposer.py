@@ -3,20 +3,20 @@
 Each step of ``--strategy nde`` (:class:`~spec_fast.engine.SpeculativeDecoder`):
 
 1. the drafter consumes the row's pending tokens (ending with the root), as every builder does;
-2. :meth:`NdeSelector.choose` computes the appendix-E root features (:func:`spec_fast.selector.root_features`)
+2. :meth:`NdeSelector.choose` computes the appendix-E root features (:func:`spec_fast.nde.selector.root_features`)
    from tensors the step already has -- no extra target pass (seed 002 footnote 4):
 
-   * ``h_prev^p``, ``p_prev``: the target's final hidden state and law (:func:`spec_fast.selector.feature_law`
+   * ``h_prev^p``, ``p_prev``: the target's final hidden state and law (:func:`spec_fast.nde.selector.feature_law`
      of its logits) at the token before the root, from the previous verification pass (the accepted
      path's last slot) or, on the first step, from the prefill;
    * ``h_prev^q``, ``q_prev``: the draft's at the token before the root: from this step's pending forward
      when the drafter had that token pending, else the last entry it committed
      (:class:`HiddenRecorder`); ``h_cur^q``, ``q_root``: the draft's at the root (pending forward);
    * ``|x|``, temperature, top-p, and ``t_q(|x|)``, ``t_p(|x|)`` of the warm-up latency model
-     (:mod:`spec_fast.latency`, measured on the machine in use);
+     (:mod:`spec_fast.nde.latency`, measured on the machine in use);
 
-   runs :class:`~spec_fast.selector.SelectorNet` and takes the most probable tree (the policy summed over
-   the actions of each distinct tree, :meth:`~spec_fast.selector.SelectorNet.select`). A batch gets one
+   runs :class:`~spec_fast.nde.selector.SelectorNet` and takes the most probable tree (the policy summed over
+   the actions of each distinct tree, :meth:`~spec_fast.nde.selector.SelectorNet.select`). A batch gets one
    shape per step: the most probable tree of the policy averaged over the active rows (the delayed
    builder drafts one shape for the whole batch);
 3. the engine drafts that ``(K, L1, L2)`` delayed tree below the root logits of step 1 (L1 + L2 = 0: no
@@ -32,24 +32,27 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from spec_fast.commit import HeadTrack
-from spec_fast.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams
-from spec_fast.drafting import DraftBatch, draft_delayed_tree, draft_root_only, pending_forward
+from spec_fast.drafts.batch import DraftBatch, DraftLaw, HeadTrack, draft_root_only, pending_forward
+from spec_fast.drafts.delayed import draft_delayed_tree
+from spec_fast.drafts.dual import DualDraft
 from spec_fast.drafts.model import Drafter
-from spec_fast.latency import LatencyModel
-from spec_fast.selector import SelectorNet, feature_law, root_features
+from spec_fast.drafts.proposer import PlainProposer, ProposerRows, StepRows
+from spec_fast.strategies import Strategy
+from spec_fast.verify.tree import Verified
+from spec_fast.nde.latency import LatencyModel
+from spec_fast.nde.selector import SelectorNet, feature_law, root_features
 
 __all__ = ["HiddenRecorder", "NdeSelector", "NdeChoice", "DEFAULT_SELECTOR_WEIGHTS", "load_nde_selector", "stored_latency",
-           "check_nde_drafter", "draft_nde"]
+           "check_nde_drafter", "draft_nde", "NdeProposer", "NdeRows"]
 
-DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights",
+DEFAULT_SELECTOR_WEIGHTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights",
                                         "selector.safetensors")
 
 
@@ -184,7 +187,7 @@ class NdeSelector:
         sampling: SamplingParams,
     ) -> NdeChoice:
         """The step's action from ``[B, H]`` hidden states and ``[B, V]`` logits (module docstring): the laws
-        of the features are :func:`spec_fast.selector.feature_law` of the logits (no decoding operator)."""
+        of the features are :func:`spec_fast.nde.selector.feature_law` of the logits (no decoding operator)."""
         start = time.perf_counter()
         device = target_logits_prev.device
         batch = int(target_logits_prev.shape[0])
@@ -211,7 +214,7 @@ class NdeSelector:
 def stored_latency(metadata: dict[str, str], key: str) -> LatencyModel | None:
     """The latency model the selector's training data was built with (in the weights' metadata), if it was
     measured on this machine, device and thread count with this warm-up version (``key``: a
-    :func:`spec_fast.latency.cache_key`); else None."""
+    :func:`spec_fast.nde.latency.cache_key`); else None."""
     import json
 
     stored = json.loads(metadata.get("dataset_header", "{}")).get("latency_model")
@@ -233,8 +236,8 @@ def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
     per machine/configuration in ``~/.cache/spec_verify/latency.json``; ``latency_cache=None`` always
     measures)."""
     from spec_fast.drafts.model import ModelDrafter
-    from spec_fast.latency import cache_key, load_or_measure, measure_latency
-    from spec_fast.selector_training import load_selector
+    from spec_fast.nde.latency import cache_key, load_or_measure, measure_latency
+    from spec_fast.nde.selector_training import load_selector
 
     check_nde_drafter(drafter)
     net, metadata = load_selector(path or DEFAULT_SELECTOR_WEIGHTS)
@@ -251,13 +254,14 @@ def load_nde_selector(target: Any, drafter: Drafter, path: str | None = None,
     return NdeSelector(net.to(device), latency)
 
 
-def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_caps: Sequence[int],
-              draft_law: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> DraftBatch:
+def draft_nde(st: StepRows, head: HeadTrack, selector: NdeSelector, depth_caps: Sequence[int],
+              draft_law: DraftLaw, device: torch.device) -> DraftBatch:
     """One ``nde`` draft: the selector picks (K, L1, L2) from the root features, then the delayed builder
     drafts that tree below the root logits of the pending forward (L1 + L2 = 0: the root alone). Sets
     ``head.pending_width`` and counts the choice in ``st.metrics``."""
     recorder = head.drafter
-    assert isinstance(recorder, HiddenRecorder) and st.nde_previous is not None
+    previous = st.proposal
+    assert isinstance(recorder, HiddenRecorder) and isinstance(previous, NdeRows) and previous.previous is not None
     root_logits, width = pending_forward(recorder, head.state, head.pending, device)
     batch = len(head.pending)
     draft_logits_root, draft_hidden_root = recorder.entry_outputs(
@@ -275,7 +279,7 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
             draft_hidden_prev = torch.where(in_block, pending_hidden, draft_hidden_prev)
     if draft_logits_prev is None or draft_hidden_prev is None:  # a one-token prompt: no token before it
         draft_logits_prev, draft_hidden_prev = draft_logits_root, draft_hidden_root
-    target_logits_prev, target_hidden_prev = st.nde_previous
+    target_logits_prev, target_hidden_prev = previous.previous
     choice = selector.choose(target_hidden_prev, target_logits_prev, draft_hidden_prev, draft_logits_prev,
                              draft_hidden_root, draft_logits_root, [len(c) for c in st.committed], st.active,
                              st.sampling)
@@ -293,3 +297,72 @@ def draft_nde(st: DecodeState, head: HeadTrack, selector: NdeSelector, depth_cap
         return replace(plain, entries=torch.full_like(plain.entries, width - 1), pending_width=width)
     return draft_delayed_tree(recorder, head.state, head.pending, st.roots, depths, num_paths, min(trunk, depth),
                               draft_law, st.draft_streams(), device, root=(root_logits, width))
+
+
+@dataclass
+class NdeRows:
+    """Per row: the target's (logits ``[B, V]``, final hidden state ``[B, H]``) at the token before the root
+    (from the prefill, then from each verification pass)."""
+
+    previous: tuple[torch.Tensor, torch.Tensor] | None
+
+    def take_rows(self, rows: list[int]) -> NdeRows:
+        if self.previous is None:
+            return self
+        index = torch.tensor(rows, dtype=torch.long, device=self.previous[0].device)
+        return NdeRows((self.previous[0].index_select(0, index), self.previous[1].index_select(0, index)))
+
+    def join(self, other: ProposerRows) -> NdeRows:
+        raise ValueError("strategy 'nde' decodes static batches: a request cannot join a running one")
+
+
+class NdeProposer(PlainProposer):
+    """``nde:VERIFIER``: the selector picks one delayed (K, L1, L2) shape per step (:func:`draft_nde`).
+
+    Needs a drafter that exposes its hidden states (``ValueError`` otherwise); ``selector`` defaults to
+    :func:`load_nde_selector` (the committed weights and a latency model measured on this machine)."""
+
+    reads_target_hidden = True
+    reads_previous = True
+
+    def __init__(self, strategy: Strategy, target: Any, drafter: Drafter | None,
+                 selector: NdeSelector | None = None) -> None:
+        checked = check_nde_drafter(drafter)
+        super().__init__(strategy, checked)
+        self.nde_drafter = checked
+        self.selector = selector if selector is not None else load_nde_selector(
+            target, checked, device=next(target.parameters()).device)
+        self.selector.check_sizes(int(target.get_output_embeddings().weight.shape[1]), checked.draft_hidden_size,
+                                  (strategy.num_paths, strategy.trunk, strategy.depth - strategy.trunk))
+
+    def drafters(self) -> tuple[Drafter, ...]:
+        # per call: the recorder keeps this call's draft outputs
+        return (HiddenRecorder(self.nde_drafter),)
+
+    def begin(self, batch: int, device: torch.device,
+              previous: tuple[torch.Tensor, torch.Tensor] | None) -> ProposerRows:
+        return NdeRows(previous)
+
+    def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],
+                   admitted: Sequence[SamplingParams]) -> bool:
+        # static batches of one sampling law: the selector decides one shape for the whole batch
+        return not running and all(s.law == sampling.law for s in admitted)
+
+    def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
+              ) -> tuple[DraftBatch, DualDraft | None]:
+        return draft_nde(rows, rows.heads[0], self.selector, rows.depth_caps, law, device), None
+
+    def after_verify(self, rows: StepRows, draft: DraftBatch, dual: DualDraft | None, verified: Verified,
+                     target_logits: torch.Tensor, target_hidden: torch.Tensor | None) -> DualDraft | None:
+        state = rows.proposal
+        assert isinstance(state, NdeRows)
+        if target_hidden is not None:
+            # the target at the new root's preceding token: the accepted path's last slot
+            last = verified.accepted_slots.gather(1, verified.accepted_depth.unsqueeze(1))  # [B, 1]
+            state.previous = (_take_slot(target_logits, last), _take_slot(target_hidden, last))
+        return dual
+
+
+def _take_slot(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``values [B, N, X]`` at ``slots [B, 1]`` -> ``[B, X]``."""
+    return values.gather(1, slots.unsqueeze(2).expand(-1, 1, values.shape[2])).squeeze(1)

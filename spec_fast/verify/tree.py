@@ -43,8 +43,8 @@ Memory: ``traversal`` keeps ``[B, D+1, V]`` float32 state for the current root-t
 
 Layout, as ``spec_ref`` (its ``_sampling``, ``solvers`` and ``verify`` modules): this module holds the public
 entry points, input checks, the top-down OT driver (section 4, and naive 5.1) and the greedy walk;
-:mod:`spec_fast._sampling` the inverse-CDF and residual primitives; :mod:`spec_fast.solvers` the token-level
-solvers at one node; :mod:`spec_fast.single_path` BV and tree_mc (section 5); :mod:`spec_fast.traversal`
+:mod:`spec_fast._sampling` the inverse-CDF and residual primitives; :mod:`spec_fast.verify.solvers` the token-level
+solvers at one node; :mod:`spec_fast.verify.single_path` BV and tree_mc (section 5); :mod:`spec_fast.verify.traversal`
 Traversal (section 6).
 
 Khisti's pair LPs run on the host through :class:`spec_ref.KhistiSolver` (the same HiGHS call, so the
@@ -62,13 +62,14 @@ import torch
 from spec_fast._sampling import _Rows
 from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
 from spec_fast.flat_tree import FlatTree
-from spec_fast.single_path import _bv_driver, _tree_mc_driver
-from spec_fast.solvers import _Node, _solve_khisti, _solve_naive, _solve_nss, _solve_specinfer, _solve_spectr
-from spec_fast.traversal import _traversal_driver
+from spec_fast.verify.single_path import _bv_driver, _tree_mc_driver
+from spec_fast.verify.solvers import _Node, _solve_khisti, _solve_naive, _solve_nss, _solve_specinfer, _solve_spectr
+from spec_fast.verify.traversal import _traversal_driver
 
 __all__ = [
     "METHODS",
     "TreeVerifyOutput",
+    "Verified",
     "verify_tree",
     "verify_greedy",
     "uniforms_per_node",
@@ -113,6 +114,16 @@ class TreeVerifyOutput:
     next_token: Tensor
     emitted: Tensor
     accepted_node: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Verified:
+    """What the engine keeps of one step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded),
+    ``accepted_depth [B]``, ``next_token [B]`` (the first three fields of :class:`TreeVerifyOutput`)."""
+
+    accepted_slots: Tensor
+    accepted_depth: Tensor
+    next_token: Tensor
 
 
 def uniforms_per_node(method: str, max_draws: int, **options: Any) -> int:
@@ -188,7 +199,7 @@ def path_zero_slots(tree: FlatTree, children: Tensor, max_depth: int) -> Tensor:
 
 
 # ========================================================================================================
-# Drivers (single-path: spec_fast/single_path.py; Traversal: spec_fast/traversal.py)
+# Drivers (single-path: spec_fast/verify/single_path.py; Traversal: spec_fast/verify/traversal.py)
 # ========================================================================================================
 def _gather_node(
     tree: FlatTree, target_probs: Tensor, draft_probs: Tensor, uniforms: Tensor, rows: Tensor, nodes: Tensor

@@ -25,7 +25,7 @@ import torch
 
 from spec_fast._sampling import _Rows
 from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
-from spec_fast.solvers import (
+from spec_fast.verify.solvers import (
     _khisti_plans,
     _khisti_tables,
     _Node,

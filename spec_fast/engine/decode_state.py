@@ -2,7 +2,7 @@
 
 :class:`DecodeState` holds what decoding changes: per row (per request) its sampling parameters, token
 budget, random streams (:mod:`spec_fast.draws`), committed text and outputs; per batch the target cache
-and each drafter's state (:class:`~spec_fast.commit.HeadTrack`), all with the same rows. Between steps the
+and each drafter's state (:class:`~spec_fast.drafts.batch.HeadTrack`), all with the same rows. Between steps the
 rows can change: :meth:`DecodeState.take_rows` keeps a subset (finished requests leave and free their
 cache rows at once) and :meth:`DecodeState.join` appends the rows of a freshly prefilled state (new
 requests join); no remaining row is recomputed.
@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_fast.adaptive import AdaptiveController
-from spec_fast.batch_depth import PassCost
-from spec_fast.commit import HeadTrack
+from spec_fast.engine.adaptive import AdaptiveController
+from spec_fast.engine.batch_depth import PassCost
+from spec_fast.drafts.batch import HeadTrack
 from spec_fast.decoding import SamplingParams
 from spec_fast.draws import STEP_STRIDE, RowStreams
-from spec_fast.drafts.dual import RouteCalibration
+from spec_fast.drafts.proposer import ProposerRows
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics
-from spec_ref.dynatree import DynaTreeHistory
 
 __all__ = ["DecodeState"]
 
@@ -33,7 +32,8 @@ class DecodeState:
     """Everything decoding changes, for ``B`` rows (row b = one request).
 
     Per row: ``samplings``, ``max_new`` (token budget), ``outputs`` (generated ids), ``committed`` (prompt
-    + generated), ``roots`` (last committed token), ``active``, ``dyna_history``; ``draft_keys`` /
+    + generated), ``roots`` (last committed token), ``active``; ``proposal``: the proposer's own per-row
+    state (:class:`~spec_fast.drafts.proposer.ProposerRows`, e.g. DynaTree's histories); ``draft_keys`` /
     ``verify_keys`` ``[B]`` int64 (:func:`spec_fast.draws.stream_keys`) and ``row_steps [B]`` int64 (steps
     the row took part in: its streams' position); ``fresh[b]``: the row's root is already in the target
     cache, its logits in ``root_logits [B, V]`` (a row prefilled since the last step); ``step_accepted`` /
@@ -52,21 +52,17 @@ class DecodeState:
     outputs: list[list[int]]
     committed: list[list[int]]
     active: list[bool]
-    dyna_history: list[DynaTreeHistory]
     draft_keys: torch.Tensor
     verify_keys: torch.Tensor
     row_steps: torch.Tensor
     fresh: list[bool]
+    proposal: ProposerRows
     root_logits: torch.Tensor | None = None
     root_hidden: torch.Tensor | None = None
-    #: ``nde``: the target's (logits ``[B, V]``, final hidden state ``[B, H]``) at the token before the root
-    nde_previous: tuple[torch.Tensor, torch.Tensor] | None = None
     steps: int = 0
     trees: list[FlatTree] | None = None
-    #: ``--dual route-calibrated``: per-row calibration of draft probability to acceptance
-    route_calibration: RouteCalibration | None = None
     #: set: each step's depth is chosen from the batch's size and this measured cost
-    #: (:func:`spec_fast.batch_depth.choose_depth`); None: the strategy's depth
+    #: (:func:`spec_fast.engine.batch_depth.choose_depth`); None: the strategy's depth
     pass_cost: PassCost | None = None
     #: this step's deepest draft per row (:meth:`spec_fast.engine.SpeculativeDecoder.depth_caps`)
     depth_caps: list[int] = field(default_factory=list)
@@ -86,7 +82,7 @@ class DecodeState:
         """The rows' sampling parameters when every row has the same (seeds aside); a ``ValueError`` when
         they differ (for parts that decide for the whole batch, e.g. the NDE selector)."""
         first = self.samplings[0]
-        if any(_law_key(s) != _law_key(first) for s in self.samplings[1:]):
+        if any(s.law != first.law for s in self.samplings[1:]):
             raise ValueError("the rows of this batch have different sampling parameters")
         return first
 
@@ -106,7 +102,7 @@ class DecodeState:
         for head in self.heads:
             head.state = head.drafter.take_rows(head.state, rows)
             head.pending = [head.pending[b] for b in rows]
-        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "dyna_history", "fresh",
+        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "fresh",
                      "step_accepted", "step_drafted", "depth_caps"):
             values = getattr(self, name)
             setattr(self, name, [values[b] for b in rows] if values else values)
@@ -117,28 +113,19 @@ class DecodeState:
             self.root_logits = self.root_logits.index_select(0, index)
         if self.root_hidden is not None:
             self.root_hidden = self.root_hidden.index_select(0, index)
-        if self.nde_previous is not None:
-            self.nde_previous = (self.nde_previous[0].index_select(0, index),
-                                 self.nde_previous[1].index_select(0, index))
-        if self.route_calibration is not None:
-            calibration = self.route_calibration
-            self.route_calibration = RouteCalibration(
-                calibration.edges, calibration.offers.index_select(0, index),
-                calibration.matches.index_select(0, index), calibration.prior, calibration.features,
-                calibration.prior_weight, calibration.level_weight)
+        self.proposal = self.proposal.take_rows(rows)
 
     def join(self, other: DecodeState) -> None:
         """Append ``other``'s rows (a state just prefilled by the same decoder) behind this state's."""
         if len(other.heads) != len(self.heads) or self.wants_hidden != other.wants_hidden:
             raise ValueError("join needs a state of the same decoder")
-        if self.nde_previous is not None or other.nde_previous is not None:
-            raise ValueError("strategy 'nde' decodes static batches: a request cannot join a running one")
+        self.proposal = self.proposal.join(other.proposal)  # first: a proposer may refuse (ValueError)
         self.target_cache.append_rows(other.target_cache)
         for head, joining in zip(self.heads, other.heads):
             head.state = head.drafter.join_rows(head.state, joining.state)
             head.pending = head.pending + joining.pending
             head.prefilled = head.prefilled or joining.prefilled
-        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "dyna_history", "fresh"):
+        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "fresh"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.step_accepted = self.step_accepted + [-1] * other.batch_size
         self.step_drafted = self.step_drafted + [-1] * other.batch_size
@@ -153,15 +140,6 @@ class DecodeState:
                                           other.batch_size)
         if self.controller is not other.controller:
             self.controller = None  # a sampled request joined: the step kind must not depend on timing
-        if self.route_calibration is not None and other.route_calibration is not None:
-            mine, theirs = self.route_calibration, other.route_calibration
-            self.route_calibration = RouteCalibration(
-                mine.edges, torch.cat([mine.offers, theirs.offers]), torch.cat([mine.matches, theirs.matches]),
-                mine.prior, mine.features, mine.prior_weight, mine.level_weight)
-
-
-def _law_key(sampling: SamplingParams) -> tuple[float, int, float]:
-    return (sampling.temperature, sampling.top_k, sampling.top_p)
 
 
 def _join_optional(mine: torch.Tensor | None, theirs: torch.Tensor | None, rows_mine: int, rows_theirs: int

@@ -8,38 +8,16 @@ row with these helpers; none of them launches a model pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from spec_fast.drafting import DraftBatch
+from spec_fast.drafts.batch import DraftBatch, HeadTrack
 from spec_fast.drafts.dual import DualDraft
-from spec_fast.drafts.model import Drafter
 from spec_fast.kv_cache import TreeKVCache
+from spec_fast.verify.tree import Verified
 
-__all__ = ["HeadTrack", "Verified", "read_back", "advance_head", "aligned", "is_block_prefix", "pad_rows"]
-
-
-@dataclass
-class HeadTrack:
-    """One drafter's per-call state: its cache/state, the pending tokens per row, the last pending width."""
-
-    drafter: Drafter
-    state: Any
-    pending: list[list[int]]
-    pending_width: int = 0
-    prefilled: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Verified:
-    """One step's verification: ``accepted_slots [B, D+1]`` (root first, -1 padded), ``accepted_depth [B]``,
-    ``next_token [B]``."""
-
-    accepted_slots: torch.Tensor
-    accepted_depth: torch.Tensor
-    next_token: torch.Tensor
+__all__ = ["read_back", "advance_head", "aligned", "is_block_prefix", "pad_rows"]
 
 
 _Rows = list[list[int]]

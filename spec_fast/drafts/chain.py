@@ -1,0 +1,73 @@
+"""The chain proposer: one path of ``depth`` draft tokens per row (the twin of ``spec_ref.draft_iid_tree``
+with K = 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spec_fast.draws import RowStreams, categorical
+from spec_fast.drafts.batch import DraftBatch, DraftLaw, cap_rows, pending_forward
+from spec_fast.drafts.dual import DualDraft
+from spec_fast.drafts.model import Drafter
+from spec_fast.drafts.proposer import SingleHeadProposer, StepRows
+from spec_fast.flat_tree import FlatTree
+
+__all__ = ["ChainProposer", "draft_chain"]
+
+
+def draft_chain(
+    drafter: Drafter, state: Any, pending: Sequence[Sequence[int]], roots: Sequence[int], depth: int,
+    draft_law: DraftLaw, streams: RowStreams, device: torch.device,
+) -> DraftBatch:
+    """A single path of ``depth`` draft tokens, drafted without reading anything back to the host.
+
+    One inverse-CDF draw per row and level from the row's stream (the draws :func:`draft_iid_tree` with
+    K = 1 makes; a one-hot law, the greedy chain's, gives its argmax); the shape is known in advance, so
+    the tree is assembled from device tensors. Cut rows to shorter depths with :func:`cap_rows`.
+    """
+    batch = len(pending)
+    logits, width = pending_forward(drafter, state, pending, device)
+    tokens: list[torch.Tensor] = []  # [B] per depth
+    qs: list[torch.Tensor] = []  # [B, V] per depth
+    entries = [width - 1]
+    for level in range(depth):
+        q = draft_law(logits)[:, 0]
+        token = categorical(q, streams.uniforms(level, 1)).squeeze(1)
+        tokens.append(token)
+        qs.append(q)
+        if level + 1 >= depth:
+            break
+        base = drafter.num_block(state)
+        parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=device)
+        logits = drafter.forward(state, token.unsqueeze(1), parent)
+        entries.append(base)
+    drafted = torch.stack(tokens, dim=1)  # [B, D]
+    pad = torch.full((batch, 1), -1, dtype=torch.long, device=device)
+    steps = torch.arange(depth + 1, device=device).unsqueeze(0).expand(batch, depth + 1)
+    tree = FlatTree(
+        tokens=torch.cat([pad, drafted], dim=1), parents=steps - 1, depths=steps.clone(),
+        draws=torch.cat([drafted, pad], dim=1).unsqueeze(-1),
+        valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
+    )
+    law = torch.stack(qs, dim=1)  # [B, D, V]
+    draft_probs = torch.cat([law, torch.zeros_like(qs[0]).unsqueeze(1)], dim=1).float()
+    taken = torch.gather(law, 2, drafted.unsqueeze(2)).squeeze(2).float()  # q(x_d) [B, D]
+    confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(taken, dim=1)], dim=1)
+    entry_row = torch.tensor(entries + [-1], dtype=torch.long, device=device)
+    tokens_in = torch.cat([torch.tensor(list(roots), dtype=torch.long, device=device).unsqueeze(1), drafted], dim=1)
+    return DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),
+                      tokens_in, width, depth)
+
+
+class ChainProposer(SingleHeadProposer):
+    """``chain:L``: one path per row, drafted on the device and cut to each row's depth cap."""
+
+    def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
+              ) -> tuple[DraftBatch, DualDraft | None]:
+        draft = cap_rows(draft_chain(*self.head_args(rows), depth_cap, law, rows.draft_streams(), device),
+                         rows.depth_caps)
+        rows.heads[0].pending_width = draft.pending_width
+        return draft, None
