@@ -103,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                                                         else "fixed"} for name in configurations}
     prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT_PROMPTS[: max(args.concurrency)]]
     alone: dict[int, list[int]] = {}
+    pass_costs: dict[int, dict[str, float]] = {}
     rows: list[dict[str, Any]] = []
     identical = True
     for threads in args.threads:
         torch.set_num_threads(threads)
         run_cell(plain_decoder, prompts[:2], 4, 1)  # warm-up
-        speculative.pass_cost()  # measured once per thread count, before the timed cells
+        # measured once per thread count, before the timed cells; reported as what sets the batching ceiling
+        costs = speculative.pass_cost().seconds
+        pass_costs[threads] = {f"{r}x{t}": costs[(r, t)] / costs[(1, 1)] for r, t in sorted(costs)}
+        pass_costs[threads]["one row, one token (ms)"] = 1000 * costs[(1, 1)]
         for concurrency in args.concurrency:
             for name, decoder in configurations.items():
                 load = os.getloadavg()[0]
@@ -139,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         "every request's tokens equal plain decoding of it alone": identical,
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
                                                    f"{max(r['load_average_before'] for r in rows):.1f}",
+        "target pass cost, rows x tokens per row, relative to one row of one token "
+        "(spec_fast.engine.batch_depth.measure_pass_cost, the table the batch-aware default reads)":
+            "; ".join(f"{threads} thread(s): " + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
+                      for threads, table in pass_costs.items()),
     }
     table = ["| threads | requests | configuration | tok/s | x one at a time | x plain | TTFT p50 / p95 (s) | "
              "TPOT p50 / p95 (ms) | accepted/step | load |", "|---|---|---|---|---|---|---|---|---|---|"]
