@@ -165,8 +165,8 @@ STEP_PARTS = {
     # cProfile function names -> breakdown column (cumulative time; the draft pass is inside the drafter's call)
     "target_pass": ("kv_cache.py", "forward"),
     "commit": ("kv_cache.py", "commit"),
-    "verify": ("verify.py", "verify_greedy"),
-    "draft": ("drafting.py", "draft_chain"),
+    "verify": ("verify/tree.py", "verify_greedy"),
+    "draft": ("drafts/chain.py", "draft_chain"),
 }
 
 

@@ -4,9 +4,12 @@ One step, batched over ``B`` rows (each row = one request), one method per phase
 
 1. **draft** (:meth:`SpeculativeDecoder._draft_phase`): each drafter first consumes the row's *pending*
    tokens (committed tokens its cache lacks, ending with the *root token*, the last committed token), then
-   a :mod:`spec_fast.drafts.batch` builder grows the tree; a :class:`~spec_fast.drafts.dual.DualDrafter` drafts with
-   both heads and merges or routes their trees (:mod:`spec_fast.drafts.dual`). Row b's tree is at most
-   ``min(depth, tokens it may still emit - 1)`` deep, whatever the other rows need.
+   the strategy's proposer (:func:`spec_fast.engine.proposers.make_proposer`; e.g.
+   :class:`spec_fast.drafts.chain.ChainProposer`, or :class:`spec_fast.drafts.dual_drafting.DualProposer`,
+   which drafts with both heads of a :class:`~spec_fast.drafts.dual.DualDrafter` and merges or routes their
+   trees) grows the tree. Row b's tree is at most ``min(depth, tokens it may still emit - 1)`` deep, whatever
+   the other rows need. The proposer also reads the verification and the commit (its ``after_verify`` and
+   ``after_commit`` hooks) for the per-request state it keeps in ``DecodeState.proposal``.
 2. **target** (:meth:`~SpeculativeDecoder._target_phase`): one batched pass over the whole tree (slot 0 =
    root token, then the drafted nodes) with the ancestor mask and depth positions -> logits ``[B, N, V]``.
    The prefill runs the whole prompt, so a row's first step takes the root's logits from it and forwards
