@@ -190,6 +190,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        "block_src = torch.gather(keep, 1, offset.clamp(0, keep.shape[1] - 1))",
        "block_src = torch.gather(keep, 1, (offset + 1).clamp(0, keep.shape[1] - 1))",
        ("tests/engine/test_tree_attention_and_cache.py",), "commit gathers the next block entry's KV"),
+    _m("kv-move-kept-order-reversed", "spec_fast/kv_cache.py",
+       "        target = self.lengths.unsqueeze(1) + index\n",
+       "        target = self.lengths.unsqueeze(1) + index.flip(1)\n",
+       ("tests/engine/test_tree_attention_and_cache.py",), "a ragged commit writes the kept entries in reverse order"),
     _m("engine-dynatree-ties-to-highest-id", "spec_fast/drafts/dynatree.py",
        "        top_vals, top_ids = ranked_tokens(q, min(bmax, q.shape[-1]))",
        "        top_vals, top_ids = torch.topk(q.flip(-1), min(bmax, q.shape[-1]), dim=-1)\n"

@@ -131,11 +131,19 @@ class TreeKVCache:
             self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
             self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
             return
-        # one host read for the three sizes the gather needs
-        start, new_size, new_min = (torch.stack([self.lengths.min(), new_lengths.max(), new_lengths.min()]).tolist()
-                                    if batch > 0 else (0, 0, 0))
+        # one host read for the sizes the copy needs
+        start, new_size, new_min, most = (
+            torch.stack([self.lengths.min(), new_lengths.max(), new_lengths.min(), counts.max()]).tolist()
+            if batch > 0 else (0, 0, 0, 0))
         self.padded = batch > 0 and new_min < new_size
         width = new_size - start
+        if 0 < most < width:
+            self._move_kept(keep, counts, most, new_size)
+            self.lengths = new_lengths
+            self.context_size = new_size
+            self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
+            self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+            return
         if width > 0:
             # target slot j (>= start) of row b takes physical slot:
             #   j                                 if j < lengths[b]       (context, unchanged)
@@ -171,6 +179,37 @@ class TreeKVCache:
         self.context_size = new_size
         self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
         self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+
+    def _move_kept(self, keep: torch.Tensor, counts: torch.Tensor, most: int, new_size: int) -> None:
+        """The commit of ragged rows: copy only the ``most`` (at most) kept block entries of each row to the
+        slots right behind its context, ``[lengths[b], lengths[b] + counts[b])``, then cut the cache at
+        ``new_size``. Every slot below ``lengths[b]`` is left as it is, so a plain step of rows whose contexts
+        differ by hundreds of tokens copies one entry per row, not the whole ragged tail. Slots past a row's
+        new length keep stale (finite) entries that its attention mask never lets it read."""
+        batch = self.batch_size
+        index = torch.arange(most, device=self.device).unsqueeze(0).expand(batch, most)
+        # entries past counts[b] repeat the row's last kept move (or copy slot 0 onto itself when it keeps
+        # none), so every write of the scatter below is one the row makes anyway
+        last = (counts - 1).clamp(min=0).unsqueeze(1)
+        index = torch.minimum(index, last)
+        source = self.context_size + torch.gather(keep, 1, index.clamp(max=max(keep.shape[1] - 1, 0)))
+        target = self.lengths.unsqueeze(1) + index
+        none = (counts == 0).unsqueeze(1)
+        source = torch.where(none, torch.zeros_like(source), source)
+        target = torch.where(none, torch.zeros_like(target), target)
+        for layer in list(self.cache.layers):
+            keys, values = layer.keys, layer.values
+            if keys is None or keys.numel() == 0:
+                continue
+            shape = (batch, keys.shape[1], most, keys.shape[3])
+            src = source.view(batch, 1, most, 1).expand(shape)
+            dst = target.view(batch, 1, most, 1).expand(shape)
+            # read every kept entry before writing any: a row's targets may overlap its own sources
+            moved_k, moved_v = torch.gather(keys, 2, src), torch.gather(values, 2, src)
+            keys.scatter_(2, dst, moved_k)
+            values.scatter_(2, dst, moved_v)
+            layer.keys = keys[:, :, :new_size]
+            layer.values = values[:, :, :new_size]
 
     # ------------------------------------------------------------------ rows (between steps only)
     def take_rows(self, rows: list[int]) -> None:

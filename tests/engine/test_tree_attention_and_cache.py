@@ -101,3 +101,45 @@ def test_caches_after_generation_equal_a_fresh_prefill_of_the_accepted_text(
         assert head.pending[b][-1] == committed[-1]
         if in_draft:
             _assert_cache_equal(head.state.key_values(b), _fresh_cache(drafter.model, in_draft))
+
+
+@st.composite
+def ragged_commits(draw: Any) -> tuple[list[list[int]], int, list[list[int]]]:
+    """(prompts of different lengths, block width, per row the block entries it keeps, in order)."""
+    prompts = draw(st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=12), min_size=2, max_size=4))
+    width = draw(st.integers(1, 5))
+    keeps = [sorted(draw(st.sets(st.integers(0, width - 1), max_size=width))) for _ in prompts]
+    return prompts, width, keeps
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@settings(max_examples=25, deadline=None)
+@given(case=ragged_commits())
+def test_a_ragged_commit_keeps_each_rows_context_and_moves_exactly_its_kept_entries(
+        name: str, case: tuple[list[list[int]], int, list[list[int]]]) -> None:
+    """Both commit paths (the tail gather, and the move of only the kept entries that ragged rows take
+    when it copies less) leave row b's context alone and put block entry keep[b][i] at slot lengths[b] + i."""
+    prompts, width, keeps = case
+    model = MODELS[name]
+    cache = TreeKVCache(model, len(prompts), torch.device("cpu"))
+    longest = max(len(p) for p in prompts)
+    tokens = torch.tensor([p + [0] * (longest - len(p)) for p in prompts])
+    parents = torch.arange(-1, longest - 1).expand(len(prompts), longest)
+    cache.forward(tokens, parents)
+    cache.commit(torch.arange(longest).expand(len(prompts), longest), torch.tensor([len(p) for p in prompts]))
+    before = [cache.key_values(b) for b in range(len(prompts))]
+    block = torch.randint(0, 64, (len(prompts), width), generator=torch.Generator().manual_seed(width))
+    cache.forward(block, torch.arange(-1, width - 1).expand(len(prompts), width))
+    physical = [(layer.keys.clone(), layer.values.clone()) for layer in cache.cache.layers]
+    context = cache.context_size
+    counts = [len(k) for k in keeps]
+    keep = torch.tensor([k + [0] * (width - len(k)) for k in keeps])
+    cache.commit(keep, torch.tensor(counts))
+    for b, prompt in enumerate(prompts):
+        assert int(cache.lengths[b]) == len(prompt) + counts[b]
+        for (keys, values), (old_keys, old_values), (all_keys, all_values) in zip(
+                cache.key_values(b), before[b], physical):
+            assert torch.equal(keys[:, : len(prompt)], old_keys) and torch.equal(values[:, : len(prompt)], old_values)
+            moved = [context + i for i in keeps[b]]
+            assert torch.equal(keys[:, len(prompt):], all_keys[b][:, moved])
+            assert torch.equal(values[:, len(prompt):], all_values[b][:, moved])
