@@ -136,14 +136,21 @@ class TreeKVCache:
             torch.stack([self.lengths.min(), new_lengths.max(), new_lengths.min(), counts.max()]).tolist()
             if batch > 0 else (0, 0, 0, 0))
         self.padded = batch > 0 and new_min < new_size
-        width = new_size - start
-        if 0 < most < width:
+        if 0 < most < new_size - start:  # ragged rows: moving the kept entries copies less
             self._move_kept(keep, counts, most, new_size)
-            self.lengths = new_lengths
-            self.context_size = new_size
-            self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
-            self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
-            return
+        else:
+            self._gather_tail(keep, counts, start, new_size)
+        self.lengths = new_lengths
+        self.context_size = new_size
+        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
+        self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+
+    def _gather_tail(self, keep: torch.Tensor, counts: torch.Tensor, start: int, new_size: int) -> None:
+        """The commit as one gather of every slot from ``start`` (the shortest row's length) to ``new_size``:
+        a row's context slots copy themselves, its kept block entries move behind it, the rest is padding
+        (slot 0's entry). Copies ``new_size - start`` slots per row and layer."""
+        batch = self.batch_size
+        width = new_size - start
         if width > 0:
             # target slot j (>= start) of row b takes physical slot:
             #   j                                 if j < lengths[b]       (context, unchanged)
@@ -175,10 +182,6 @@ class TreeKVCache:
             else:
                 layer.keys = keys[:, :, :new_size]
                 layer.values = values[:, :, :new_size]
-        self.lengths = new_lengths
-        self.context_size = new_size
-        self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
-        self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
 
     def _move_kept(self, keep: torch.Tensor, counts: torch.Tensor, most: int, new_size: int) -> None:
         """The commit of ragged rows: copy only the ``most`` (at most) kept block entries of each row to the

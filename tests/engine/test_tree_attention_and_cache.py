@@ -112,15 +112,30 @@ def ragged_commits(draw: Any) -> tuple[list[list[int]], int, list[list[int]]]:
     return prompts, width, keeps
 
 
+def _force(path: str, patch: pytest.MonkeyPatch) -> None:
+    """Make every commit take one path: ``gather`` (the tail gather) or ``move`` (only the kept entries)."""
+    if path == "gather":
+        patch.setattr(TreeKVCache, "_move_kept", lambda self, keep, counts, most, new_size: self._gather_tail(
+            keep, counts, int(self.lengths.min()), new_size))
+    elif path == "move":
+        patch.setattr(TreeKVCache, "_gather_tail", lambda self, keep, counts, start, new_size: self._move_kept(
+            keep, counts, int(counts.max()), new_size))
+
+
+@pytest.mark.parametrize("path", ["chosen", "gather", "move"])
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(case=ragged_commits())
 def test_a_ragged_commit_keeps_each_rows_context_and_moves_exactly_its_kept_entries(
-        name: str, case: tuple[list[list[int]], int, list[list[int]]]) -> None:
+        name: str, path: str, case: tuple[list[list[int]], int, list[list[int]]]) -> None:
     """Both commit paths (the tail gather, and the move of only the kept entries that ragged rows take
     when it copies less) leave row b's context alone and put block entry keep[b][i] at slot lengths[b] + i."""
-    prompts, width, keeps = case
-    model = MODELS[name]
+    with pytest.MonkeyPatch.context() as patch:
+        _force(path, patch)
+        _check_ragged_commit(MODELS[name], *case)
+
+
+def _check_ragged_commit(model: Any, prompts: list[list[int]], width: int, keeps: list[list[int]]) -> None:
     cache = TreeKVCache(model, len(prompts), torch.device("cpu"))
     longest = max(len(p) for p in prompts)
     tokens = torch.tensor([p + [0] * (longest - len(p)) for p in prompts])
