@@ -47,10 +47,10 @@ def _cache(target: Any, lengths: tuple[int, ...], seed: int) -> TreeKVCache:
     return cache
 
 
-def _one_commit(cache: TreeKVCache, path: str) -> float:
-    """A one-token forward on every row, then that token's commit by ``path``; returns the commit's seconds."""
+def _one_commit(cache: TreeKVCache, path: str, tokens: torch.Tensor) -> float:
+    """A forward of ``tokens [rows, 1]``, then their commit by ``path``; returns the commit's seconds."""
     rows = cache.batch_size
-    cache.forward(torch.randint(100, 4000, (rows, 1)), torch.full((rows, 1), -1))
+    cache.forward(tokens, torch.full((rows, 1), -1))
     keep, counts = torch.zeros(rows, 1, dtype=torch.long), torch.ones(rows, dtype=torch.long)
     start = time.perf_counter()
     new_lengths = cache.lengths + counts
@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             caches = {path: _cache(target, lengths, cell) for path in ("gather", "move")}
             times: dict[str, list[float]] = {"gather": [], "move": []}
             for _ in range(args.repeats):
+                tokens = torch.randint(100, 4000, (len(lengths), 1))
                 for path, cache in caches.items():
-                    times[path].append(_one_commit(cache, path))
+                    times[path].append(_one_commit(cache, path, tokens))
             # both caches hold the same committed entries afterwards (the two paths agree)
             same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                        for row in range(len(lengths))
