@@ -141,6 +141,10 @@ def two_node_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # the processes started from here, the constant for this one, if Ray was imported before)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+    # the Serve controller runs on this cluster and reads these from its processes' environment: the command
+    # sets them only for the instances it starts itself (a busy 2-core machine misses Serve's 5 s default)
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        monkeypatch.setenv(name, "30")
     node = {"num_cpus": 1, "node_ip_address": HOST, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
