@@ -59,9 +59,7 @@ def _one_commit(cache: TreeKVCache, path: str, tokens: torch.Tensor) -> float:
         cache._move_kept(keep, counts, 1, new_size)
     else:
         cache._gather_tail(keep, counts, int(cache.lengths.min()), new_size)
-    cache.lengths, cache.context_size = new_lengths, new_size
-    cache.ancestors = torch.zeros(rows, 0, 0, dtype=torch.bool)
-    cache.block_depths = torch.zeros(rows, 0, dtype=torch.long)
+    cache._end_block(new_lengths, new_size)
     return time.perf_counter() - start
 
 

@@ -126,10 +126,7 @@ class TreeKVCache:
                     if layer.keys is not None and layer.keys.numel() > 0:
                         layer.keys = layer.keys[:, :, :new_size]
                         layer.values = layer.values[:, :, :new_size]
-            self.lengths = new_lengths
-            self.context_size = new_size
-            self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)
-            self.block_depths = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+            self._end_block(new_lengths, new_size)
             return
         # one host read for the sizes the copy needs
         start, new_size, new_min, most = (
@@ -140,6 +137,11 @@ class TreeKVCache:
             self._move_kept(keep, counts, most, new_size)
         else:
             self._gather_tail(keep, counts, start, new_size)
+        self._end_block(new_lengths, new_size)
+
+    def _end_block(self, new_lengths: torch.Tensor, new_size: int) -> None:
+        """After a commit's copy: the rows' new committed lengths and physical size, and no block entries."""
+        batch = self.batch_size
         self.lengths = new_lengths
         self.context_size = new_size
         self.ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=self.device)

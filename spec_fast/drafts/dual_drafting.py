@@ -318,8 +318,7 @@ class DualProposer(PlainProposer):
         if strategy.shape not in ("chain", "topk"):
             raise ValueError(f"a dual draft needs a deterministic 'chain' or 'topk' strategy per head, got "
                              f"strategy {strategy.label()!r}")
-        super().__init__(strategy, drafter)
-        self.strategy = strategy
+        super().__init__(strategy)
         self.dual = drafter
 
     def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],

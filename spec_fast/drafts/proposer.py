@@ -144,8 +144,8 @@ class PlainProposer:
     reads_target_hidden = False
     reads_previous = False
 
-    def __init__(self, strategy: Strategy, drafter: Drafter | None) -> None:
-        self.drafter = drafter
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
 
     def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],
                    admitted: Sequence[SamplingParams]) -> bool:
@@ -177,8 +177,7 @@ class SingleHeadProposer(PlainProposer):
     def __init__(self, strategy: Strategy, drafter: Drafter | None) -> None:
         if drafter is None:
             raise ValueError(f"strategy {strategy.label()!r} needs a drafter, got drafter=None")
-        super().__init__(strategy, drafter)
-        self.strategy = strategy
+        super().__init__(strategy)
         self.head_drafter: Drafter = drafter
 
     def drafters(self) -> tuple[Drafter, ...]:

@@ -28,7 +28,7 @@ ProposerFactory = Callable[[Strategy, Any, Drafter | None, NdeSelector | None], 
 
 #: strategy shape -> its proposer
 PROPOSERS: dict[str, ProposerFactory] = {
-    "ar": lambda strategy, target, drafter, selector: PlainProposer(strategy, drafter),
+    "ar": lambda strategy, target, drafter, selector: PlainProposer(strategy),
     "chain": lambda strategy, target, drafter, selector: ChainProposer(strategy, drafter),
     "iid": lambda strategy, target, drafter, selector: DelayedProposer(strategy, drafter),
     "delayed": lambda strategy, target, drafter, selector: DelayedProposer(strategy, drafter),

@@ -161,7 +161,7 @@ def _per_row(samplings: Sequence[SamplingParams], make: Callable[[SamplingParams
     rows with the same law parameters; seeds do not matter)."""
     groups: dict[tuple[bool, float, int, float], list[int]] = {}
     for b, s in enumerate(samplings):
-        groups.setdefault((s.greedy and greedy_apart, s.temperature, s.top_k, s.top_p), []).append(b)
+        groups.setdefault((s.greedy and greedy_apart, *s.law), []).append(b)
     if len(groups) == 1:
         return make(samplings[0])
 

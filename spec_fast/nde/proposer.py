@@ -328,7 +328,7 @@ class NdeProposer(PlainProposer):
     def __init__(self, strategy: Strategy, target: Any, drafter: Drafter | None,
                  selector: NdeSelector | None = None) -> None:
         checked = check_nde_drafter(drafter)
-        super().__init__(strategy, checked)
+        super().__init__(strategy)
         self.nde_drafter = checked
         self.selector = selector if selector is not None else load_nde_selector(
             target, checked, device=next(target.parameters()).device)
