@@ -318,13 +318,20 @@ def _decode(outcome: Outcome | None, case: _cases.Case, vocab_size: int) -> Outc
     return tuple(reversed(tokens))
 
 
+#: how many times exact mode recomputes the first case's law to catch randomness drawn outside ``rng``
+_RECOMPUTATIONS = 4
+
+
 def _exact_case(case: _cases.Case, fn: Any, settings: _Settings, vocab_size: int, first: bool) -> CaseReport:
     def outcome(source: RandomSource) -> Outcome:
         return case.run(fn, _ProtocolOnlySource(source))
 
     try:
         law = exact_law(outcome, max_paths=settings.max_paths)
-        if first and exact_law(outcome, max_paths=settings.max_paths) != law:
+        # hidden randomness shows as a different law on a recomputation, but any one recomputation can
+        # repeat the first by chance (4.5% of the time for a uniform draw over 3 tokens): recompute a few times
+        if first and any(exact_law(outcome, max_paths=settings.max_paths) != law
+                         for _ in range(_RECOMPUTATIONS)):
             raise ValueError(
                 f"fn={_name(fn)} gave two different output laws for the same case {case.name!r}: it draws "
                 "randomness outside rng; exact mode needs all of it from rng (else use mode='statistical')"
