@@ -10,14 +10,29 @@ the cache of a fresh prefill of the accepted text, without re-running any accept
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spec_fast._hf_compat import cache_keyword
 from spec_fast.tree_attention import additive_mask, extend_ancestors, tree_attention_mask
 
-__all__ = ["TreeKVCache"]
+__all__ = ["TreeKVCache", "decode_attention_backends"]
+
+# Every backend of scaled_dot_product_attention except cuDNN's. cuDNN builds an execution plan for each new
+# shape (about 1.2 ms of host time per call on an H200, bench/results/gpu/h200/step_profile.md), and a decoding
+# step's key length is new at every step, so a 30-layer model paid ~36 ms a step for plans it used once.
+_DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_attention_backends(device: torch.device) -> AbstractContextManager[Any]:
+    """The attention backends for an engine pass on ``device``: on CUDA every one but cuDNN's (see above);
+    elsewhere a no-op context (the CPU has one attention backend to choose)."""
+    if device.type != "cuda":
+        return nullcontext()
+    return sdpa_kernel(_DECODE_BACKENDS)
 
 
 class TreeKVCache:
@@ -91,14 +106,15 @@ class TreeKVCache:
         extra: dict[str, Any] = {self._cache_keyword: self.cache}
         if logits_to_keep > 0:
             extra["logits_to_keep"] = logits_to_keep
-        out = self.model(
-            input_ids=tokens.clamp(min=0),
-            position_ids=positions,
-            attention_mask=mask,
-            use_cache=True,
-            output_hidden_states=output_hidden_states,
-            **extra,
-        )
+        with decode_attention_backends(tokens.device):
+            out = self.model(
+                input_ids=tokens.clamp(min=0),
+                position_ids=positions,
+                attention_mask=mask,
+                use_cache=True,
+                output_hidden_states=output_hidden_states,
+                **extra,
+            )
         self.passes += 1
         return out
 

@@ -12,6 +12,7 @@ elsewhere; CI has no GPU. They pin the promises that depend on where the tensors
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -102,3 +103,34 @@ def test_host_reads_per_step_on_the_device_stay_within_the_cpu_budget(target: An
     decoder = SpeculativeDecoder(target, ModelDrafter(tiny_llama(layers=1, seed=4).to(CUDA)) if strategy != "ar"
                                  else None, parse_strategy(strategy))
     assert _reads_per_step(decoder, 8) <= budget
+
+
+def _cudnn_attention_calls(engine: BatchEngine, steps: int) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    return sum(event.count for event in prof.key_averages() if "cudnn_attention" in event.key)
+
+
+def test_decoding_steps_on_the_device_never_build_cudnn_attention_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's attention builds a plan per new key length (a decoding step's is new every step), which cost
+    ~1.2 ms of host time per layer per step on an H200; the engine's passes exclude it. The control lets
+    torch choose and sees cuDNN chosen for the same bfloat16 steps (on a card where torch prefers it)."""
+    import spec_fast.kv_cache as kv_cache
+
+    model = tiny_llama(vocab_size=256, layers=2, hidden=256).to(CUDA, torch.bfloat16)
+
+    def running_engine() -> BatchEngine:
+        engine = BatchEngine(SpeculativeDecoder(model, None, parse_strategy("ar")), max_batch_size=2)
+        for prompt in PROMPTS[:2]:
+            engine.add_request(prompt, SamplingParams(), 12)
+        engine.step()
+        return engine
+
+    with torch.inference_mode():
+        assert _cudnn_attention_calls(running_engine(), 6) == 0
+        if CUDA.type == "cuda":
+            monkeypatch.setattr(kv_cache, "decode_attention_backends", lambda device: contextlib.nullcontext())
+            assert _cudnn_attention_calls(running_engine(), 6) > 0

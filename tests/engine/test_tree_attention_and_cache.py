@@ -158,3 +158,15 @@ def _check_ragged_commit(model: Any, prompts: list[list[int]], width: int, keeps
             moved = [context + i for i in keeps[b]]
             assert torch.equal(keys[:, len(prompt):], all_keys[b][:, moved])
             assert torch.equal(values[:, len(prompt):], all_values[b][:, moved])
+
+
+def test_engine_passes_on_cuda_exclude_cudnn_attention_and_restore_the_callers_choice() -> None:
+    from spec_fast.kv_cache import decode_attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with decode_attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with decode_attention_backends(torch.device("cpu")):  # the CPU: nothing to choose, nothing changed
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
