@@ -65,6 +65,8 @@ def draft_chain(
 class ChainProposer(SingleHeadProposer):
     """``chain:L``: one path per row, drafted on the device and cut to each row's depth cap."""
 
+    greedy_argmax = True
+
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:
         draft = cap_rows(draft_chain(*self.head_args(rows), depth_cap, law, rows.draft_streams(), device),

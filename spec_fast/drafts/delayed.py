@@ -13,6 +13,7 @@ from spec_fast.drafts.batch import DraftBatch, DraftLaw, RowTree, flatten_trees,
 from spec_fast.drafts.dual import DualDraft
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import SingleHeadProposer, StepRows
+from spec_fast.strategies import Strategy
 
 __all__ = ["DelayedProposer", "draft_delayed_tree", "draft_iid_tree"]
 
@@ -79,6 +80,10 @@ def draft_iid_tree(
 
 class DelayedProposer(SingleHeadProposer):
     """``iid:K,L`` and ``delayed:K,L1,L2``: K i.i.d. branches below a trunk of L1 tokens (L1 = 0: i.i.d.)."""
+
+    def __init__(self, strategy: Strategy, drafter: Drafter | None) -> None:
+        super().__init__(strategy, drafter)
+        self.most_draws = strategy.num_paths  # a branching node draws K children
 
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:

@@ -320,6 +320,8 @@ class DualProposer(PlainProposer):
                              f"strategy {strategy.label()!r}")
         super().__init__(strategy)
         self.dual = drafter
+        self.most_draws = strategy.top_k if strategy.shape == "topk" else 1
+        self.greedy_argmax = strategy.shape == "chain"
 
     def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],
                    admitted: Sequence[SamplingParams]) -> bool:

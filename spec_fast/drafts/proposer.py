@@ -101,6 +101,11 @@ class Proposer(Protocol):
     reads_target_hidden: bool
     #: the proposer needs the target at the token before each root from the prefill
     reads_previous: bool
+    #: the most draws a node of this proposer's trees has; the verifier reads that many uniforms per node, so
+    #: a row reads the same numbers whatever else shares its batch
+    most_draws: int
+    #: greedy rows' drafters follow their argmax (one path); otherwise they sample softmax (distinct paths)
+    greedy_argmax: bool
 
     def compatible(self, sampling: SamplingParams, running: Sequence[SamplingParams],
                    admitted: Sequence[SamplingParams]) -> bool:
@@ -143,6 +148,8 @@ class PlainProposer:
 
     reads_target_hidden = False
     reads_previous = False
+    most_draws = 1
+    greedy_argmax = False
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy

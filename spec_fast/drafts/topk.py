@@ -11,6 +11,7 @@ from spec_fast.drafts.batch import DraftBatch, DraftLaw, RowTree, flatten_trees,
 from spec_fast.drafts.dual import DualDraft
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import SingleHeadProposer, StepRows
+from spec_fast.strategies import Strategy
 
 __all__ = ["TopKProposer", "draft_topk_tree"]
 
@@ -58,6 +59,10 @@ def draft_topk_tree(
 
 class TopKProposer(SingleHeadProposer):
     """``topk:k,budget,depth``: the budgeted top-k tree (deterministic; the draft law is not used)."""
+
+    def __init__(self, strategy: Strategy, drafter: Drafter | None) -> None:
+        super().__init__(strategy, drafter)
+        self.most_draws = strategy.top_k  # a node has up to k children
 
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:

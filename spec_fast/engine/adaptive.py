@@ -78,14 +78,22 @@ class AdaptiveController:
     def _known(self, h: int) -> bool:
         return h in self.spec_tokens and self.plain_tokens is not None and True in self.seconds
 
+    def _unmeasured(self, h: int) -> bool | None:
+        """The kind class ``h`` takes while a rate it compares is unknown (its first speculative step, then
+        the first plain step); None once both are measured."""
+        if h not in self.spec_tokens:
+            return True
+        if self.plain_tokens is None:
+            return False
+        return None
+
     def peek(self, hint: int = 0) -> bool:
         """The kind of the next step, without counting it."""
         with self._lock:
             h = self.hint_class(hint)
-            if h not in self.spec_tokens:
-                return True
-            if self.plain_tokens is None:
-                return False
+            first = self._unmeasured(h)
+            if first is not None:
+                return first
             best = self.rate(True, h) >= self.rate(False)
             return (not best) if self.since_probe[h] >= self.probe_every[h] else best
 
@@ -94,10 +102,9 @@ class AdaptiveController:
         schedule."""
         with self._lock:
             h = self.hint_class(hint)
-            if h not in self.spec_tokens:
-                return True
-            if self.plain_tokens is None:
-                return False
+            first = self._unmeasured(h)
+            if first is not None:
+                return first
             self.best[h] = self.rate(True, h) >= self.rate(False)
             if self.since_probe[h] >= self.probe_every[h]:
                 self.since_probe[h] = 0

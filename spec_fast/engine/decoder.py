@@ -54,7 +54,7 @@ from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.engine.prefill import prefill_drafter, prefill_target
 from spec_fast.engine.proposers import make_proposer
-from spec_fast.engine.step_verify import VerifyStreams, draft_law, most_draws, verify_rows, verify_sampled
+from spec_fast.engine.step_verify import VerifyStreams, draft_law, verify_rows, verify_sampled
 from spec_fast.flat_tree import FlatTree
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.metrics import GenerationMetrics, peak_memory_bytes
@@ -362,12 +362,12 @@ class SpeculativeDecoder:
                          draft_probs: torch.Tensor, sampling: Sequence[SamplingParams], offset: VerifyStreams
                          ) -> tuple[TreeVerifyOutput, VerifyStreams]:
         """:func:`spec_fast.engine.step_verify.verify_sampled` for this strategy (a method so a test can wrap it)."""
-        return verify_sampled(method, most_draws(self.strategy), draft, target_logits, draft_probs, sampling, offset)
+        return verify_sampled(method, self.proposer.most_draws, draft, target_logits, draft_probs, sampling, offset)
 
     def _draft_law(self, samplings: Sequence[SamplingParams] | SamplingParams
                    ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """:func:`spec_fast.engine.step_verify.draft_law` of this strategy."""
-        return draft_law(samplings, self.strategy.shape == "chain")
+        """:func:`spec_fast.engine.step_verify.draft_law` of this strategy's proposer."""
+        return draft_law(samplings, self.proposer.greedy_argmax)
 
     # ------------------------------------------------------------------ phase 4: commit
     def _commit_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None, verified: Verified,

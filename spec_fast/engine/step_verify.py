@@ -9,7 +9,7 @@
   each row its own G.
 
 Row b's node u reads counters ``u * M + m`` of row b's verifier stream (:mod:`spec_fast.draws`), ``M`` fixed by
-the strategy (:func:`most_draws`), so a row reads the same numbers whatever else shares its batch.
+the strategy's proposer (``Proposer.most_draws``), so a row reads the same numbers whatever else shares its batch.
 :func:`draft_law` is the per-row law the drafters sample from.
 """
 
@@ -27,10 +27,9 @@ from spec_fast.decoding import SamplingParams, sampling_probs
 from spec_fast.drafts.batch import DraftBatch
 from spec_fast.flat_tree import FlatTree
 from spec_fast.rng import counter_uniforms
-from spec_fast.strategies import Strategy
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
 
-__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs", "most_draws"]
+__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs"]
 
 Law = Callable[[torch.Tensor], torch.Tensor]
 
@@ -122,15 +121,6 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
         depth[index] = part.accepted_depth
         token[index] = part.next_token
     return Verified(slots, depth, token)
-
-
-def most_draws(strategy: Strategy) -> int:
-    """The most draws a node of ``strategy``'s trees has (fixes the verifier's uniforms per node)."""
-    if strategy.shape in ("iid", "delayed", "nde"):
-        return strategy.num_paths
-    if strategy.shape == "topk":
-        return strategy.top_k
-    return 1
 
 
 def target_probs(logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:

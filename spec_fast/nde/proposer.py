@@ -329,6 +329,7 @@ class NdeProposer(PlainProposer):
                  selector: NdeSelector | None = None) -> None:
         checked = check_nde_drafter(drafter)
         super().__init__(strategy)
+        self.most_draws = strategy.num_paths  # the largest K the selector may pick
         self.nde_drafter = checked
         self.selector = selector if selector is not None else load_nde_selector(
             target, checked, device=next(target.parameters()).device)

@@ -35,13 +35,16 @@ def _drafter() -> EarlyExitDrafter:
     return EarlyExitDrafter(TARGET, 2)
 
 
-@pytest.mark.parametrize("spec,kind", [
-    ("ar", PlainProposer), ("chain:3", ChainProposer), ("iid:2x3", DelayedProposer),
-    ("delayed:2,1,2", DelayedProposer), ("topk:3,2,5", TopKProposer), ("dynatree", DynaTreeProposer),
+@pytest.mark.parametrize("spec,kind,most_draws", [
+    ("ar", PlainProposer, 1), ("chain:3", ChainProposer, 1), ("iid:2x3", DelayedProposer, 2),
+    ("delayed:4,1,2", DelayedProposer, 4), ("topk:3,2,5", TopKProposer, 2), ("dynatree", DynaTreeProposer, 1),
 ])
-def test_each_strategy_maps_to_its_proposer(spec: str, kind: type) -> None:
+def test_each_strategy_maps_to_its_proposer(spec: str, kind: type, most_draws: int) -> None:
     proposer = make_proposer(parse_strategy(spec), TARGET, _drafter())
     assert type(proposer) is kind
+    # the verifier's uniforms per node, and whether greedy drafting follows the argmax (a chain only)
+    assert proposer.most_draws == most_draws
+    assert proposer.greedy_argmax == (kind is ChainProposer)
 
 
 def test_every_shape_has_exactly_one_registry_entry_and_a_dual_drafter_gets_the_dual_proposer() -> None:
