@@ -1,11 +1,12 @@
 """Is the CLI's default strategy ever slower than plain decoding? SmolLM2 greedy, three workloads, one run.
 
-Workloads (3 prompts each by default): ``chat`` (held-out chat prompts of ``spec_fast.drafts.prompts``, never
-in the retrieval datastore), ``input-grounded`` (summarise, rewrite, extract or continue a passage given in
-the prompt), ``long`` (a ~600-token document followed by a question about it). Configurations: plain
-decoding (``ar``) and the default ``retrieval`` draft with ``chain:1`` to ``chain:4``, ``chain:2+adaptive`` and
-``chain:3+adaptive``, on the target as ``spec-fast generate`` runs it (the lean forward on the GGUF file's own
-blocks; ``--quantize none`` for the float32 weights).
+Workloads (3 prompts each by default), ``bench.workloads.TUNING``: ``chat`` (the first held-out chat prompts
+of ``spec_fast.drafts.prompts``, never in the retrieval datastore), ``input-grounded`` (summarise, rewrite,
+extract or continue a passage given in the prompt), ``long`` (a ~600-token document followed by a question
+about it); bench/workloads.py holds them and the held-out prompts that report the chosen defaults.
+Configurations: plain decoding (``ar``) and the default ``retrieval`` draft with ``chain:1`` to ``chain:4``,
+``chain:2+adaptive`` and ``chain:3+adaptive``, on the target as ``spec-fast generate`` runs it (the lean
+forward on the GGUF file's own blocks; ``--quantize none`` for the float32 weights).
 Each prompt gets fresh decoders, as one ``spec-fast generate`` process does (so ``+adaptive`` learns within
 the reply only). The configurations run prompt by prompt in the order A B C ... C B A, so that a slow
 phase of the shared machine hits all of them alike; a configuration's speedup on a prompt is its tokens/s
@@ -43,35 +44,12 @@ from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, lean_model, load_cached_lean, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
-from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
+# the workloads live in bench/workloads.py (the tuning / held-out split); bench/peers.py and bench/dual.py
+# still import the tuning passages from here
+from bench.workloads import TUNING  # noqa: E402
+from bench.workloads import INPUT_GROUNDED as INPUT_GROUNDED, LONG as LONG  # noqa: E402,F401
+from bench.workloads import LONG_DOCUMENT as LONG_DOCUMENT, PASSAGE as PASSAGE  # noqa: E402,F401
 
-PASSAGE = (
-    "The city library opened a new branch in the old railway station last spring. The building had stood "
-    "empty for twelve years after the last train left, and the council spent two years restoring the roof, "
-    "the clock tower and the long waiting hall. The hall now holds the children's books, a reading room with "
-    "forty seats and a small cafe run by volunteers. The ticket office became a room for local history, with "
-    "maps, photographs of the station in the nineteen fifties and the timetable boards that once hung above "
-    "the platforms. On weekdays the branch is open from nine in the morning until eight in the evening, and "
-    "on Saturdays until five. It is closed on Sundays. In its first six months the branch lent more than "
-    "thirty thousand books and registered four thousand new members, most of them families from the new "
-    "houses near the river."
-)
-INPUT_GROUNDED = (
-    f"Summarise this text in three sentences:\n\n{PASSAGE}",
-    f"Rewrite this text in simpler words for a child:\n\n{PASSAGE}",
-    f"List every number mentioned in this text, with what it counts:\n\n{PASSAGE}",
-    f"Copy the first three sentences of this text exactly, then give it a title:\n\n{PASSAGE}",
-)
-LONG_DOCUMENT = "\n\n".join([PASSAGE] * 3 + [
-    "Local residents had argued about the station for years. Some wanted flats, others a market hall, and a "
-    "few wanted the trains back. The library plan won a public vote with sixty percent of the votes."
-])
-LONG = (
-    f"{LONG_DOCUMENT}\n\nQuestion: when is the branch open? Answer from the text.",
-    f"{LONG_DOCUMENT}\n\nQuestion: what did the council restore? Answer from the text.",
-    f"{LONG_DOCUMENT}\n\nQuestion: how many books were lent in the first six months, and to whom?",
-    f"{LONG_DOCUMENT}\n\nQuestion: what other uses were proposed for the station?",
-)
 CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:3", "chain:4", "chain:2+adaptive", "chain:3+adaptive")
 #: sampled: a retrieval draft's deterministic proposals are accepted with the target's probability of them,
 #: so shorter chains and the fallback get a closer look
@@ -104,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="> 0: sampled chat and input-grounded workloads -> defaults_sampled.{json,md}")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
+    if args.prompts > len(TUNING["chat"]):  # more would tune on the prompts held out for reporting
+        parser.error(f"--prompts must be at most {len(TUNING['chat'])}, got {args.prompts}")
     torch.set_num_threads(args.threads)
     model, tokenizer = cli_target(args.quantize)
     eos = tokenizer.eos_token_id
     sampled = args.temperature > 0
     configurations = SAMPLED_CONFIGURATIONS if sampled else CONFIGURATIONS
-    workloads = {"chat": HELDOUT_PROMPTS[: args.prompts], "input-grounded": INPUT_GROUNDED[: args.prompts],
-                 "long": LONG[: args.prompts]}
+    workloads = {workload: prompts[: args.prompts] for workload, prompts in TUNING.items()}
     if sampled:  # the long workload's time is its prefill, the same for every configuration
         del workloads["long"]
     drafter = load_drafter(args.draft, model)
