@@ -34,7 +34,7 @@ from bench._common import write_results  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.engine.batch_engine import BatchEngine  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
-from spec_fast.drafts.prompts import HELDOUT_PROMPTS  # noqa: E402
+from bench.workloads import HELDOUT  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.models import chat_prompt_ids  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     configurations[f"default: depth by batch ({label})"] = speculative
     engine_options: dict[str, dict[str, Any]] = {name: {"depth_policy": "cost" if name.startswith("default")
                                                         else "fixed"} for name in configurations}
-    prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT_PROMPTS[: max(args.concurrency)]]
+    prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT["chat"][: max(args.concurrency)]]
     alone: dict[int, list[int]] = {}
     pass_costs: dict[int, dict[str, float]] = {}
     rows: list[dict[str, Any]] = []
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/batch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": git_commit(), "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores",
         "model": f"{default.model.describe()}, quantize {default.quantize}",
-        "prompts": f"the first {max(args.concurrency)} held-out chat prompts, greedy, {args.max_new_tokens} new "
+        "prompts": f"the first {max(args.concurrency)} chat prompts of bench.workloads.HELDOUT, greedy, {args.max_new_tokens} new "
                    f"tokens, request i arrives before engine step {args.stagger}i",
         "every request's tokens equal plain decoding of it alone": identical,
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "

@@ -8,8 +8,8 @@ CPU threads and ``--slots`` parallel slots (ours: ``--max-batch``; llama.cpp: ``
 per-slot context times the slots). Each client sends ``--requests`` streaming chat requests one after another,
 greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, ``cache_prompt`` false (llama.cpp's prompt cache
 would skip the prefill of the prompts every level repeats), from the held-out chat prompts
-(``spec_fast.drafts.prompts.HELDOUT_PROMPTS``, never in the retrieval datastore) after the first
-``TUNING_PROMPTS`` (those chose the default strategy), client ``i`` starting at prompt ``i`` so that
+(``bench.workloads.HELDOUT["chat"]``: never in the retrieval datastore, and not among the prompts that chose the
+default strategy), client ``i`` starting at prompt ``i`` so that
 concurrent clients ask different things. Per request: TTFT = first content chunk minus the request's start,
 TPOT = (last chunk - first chunk) / (tokens - 1) with tokens from the final usage chunk
 (``stream_options.include_usage``; a reply ends at EOS or ``max_tokens``, and the server's own count is
@@ -53,9 +53,6 @@ HOST = "127.0.0.1"
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 #: the context every request needs: the longest held-out chat prompt (under 100 tokens) plus max_tokens
 SLOT_CONTEXT = 1024
-#: the first held-out chat prompts chose the CLI's default strategy (bench/results/defaults.md ran
-#: ``--prompts 4`` on ``HELDOUT_PROMPTS[:4]``), so the default's throughput is measured on the others
-TUNING_PROMPTS = 4
 #: how the results name the llama-server binary that scripts/build_llama_server.sh builds
 LLAMA_LABEL = "llama.cpp llama-server, native build from llama-cpp-python 0.3.36 sdist, -DGGML_NATIVE=ON"
 #: ``--no-repack`` turns off ggml's extra CPU buffer types: on a CPU with AMX the native build puts the Q4_1
@@ -246,9 +243,9 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     if args.quick:
         levels, args.requests = [1, 4], 1
-    from spec_fast.drafts.prompts import HELDOUT_PROMPTS
+    from bench.workloads import HELDOUT
 
-    prompts = list(HELDOUT_PROMPTS[TUNING_PROMPTS:])
+    prompts = list(HELDOUT["chat"])
     configs = [("ours-plain", ["--draft", "none", "--strategy", "ar"]), ("ours-default", [])]
     if args.llama_server:
         configs.append(("llama.cpp", []))
@@ -297,7 +294,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "/proc/loadavg before / after the run": f"{loadavg[0]} / {loadavg[1]}",
         "threads": args.threads, "slots": args.slots, "requests per client": args.requests,
         "max_tokens": args.max_tokens,
-        "prompts": f"HELDOUT_PROMPTS[{TUNING_PROMPTS}:] (the first {TUNING_PROMPTS} chose the default strategy)",
+        "prompts": "bench.workloads.HELDOUT['chat'] (none of them chose the default strategy)",
         "llama.cpp": (f"{LLAMA_LABEL} ({args.llama_server}; -t {args.threads} -tb {args.threads} -np {args.slots} "
                       f"-c {SLOT_CONTEXT * args.slots} {' '.join(LLAMA_EXTRA)}; requests with cache_prompt false)") if args.llama_server
                      else "not measured (no --llama-server binary given)",
