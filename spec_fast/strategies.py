@@ -117,18 +117,20 @@ _DEFAULT_VERIFIER = {
 
 #: The CLI default with a trained or retrieval draft: the best worst case over the chat, input-grounded and
 #: long workloads of bench/results/defaults.md (tests/engine/test_api.py keeps the two equal), measured on
-#: the default target (the GGUF blocks): ``chain:2`` ran at 1.19x / 1.26x / 1.08x plain decoding there. On
-#: that target a plain step is about three times cheaper than on float32 and a 4-token pass about 1.4x a
-#: one-token pass, so the step's own work (drafting, verification, cache commits) weighs more and ``chain:3``,
-#: the float32 default, fell to 1.05x on chat; ``+adaptive`` gives up speculative steps that would pay.
-DEFAULT_STRATEGY = "chain:2"
+#: the default target (the GGUF blocks) at 932bf7d: ``chain:1`` ran at 0.92x / 1.09x / 1.04x plain decoding
+#: there, ``chain:2`` at 0.85x / 1.13x / 1.04x. No speculative configuration beat plain decoding on chat:
+#: the retrieval draft commits 1.3-1.4 tokens per pass there, while a speculative step costs about 1.5x a
+#: plain one (a 2-token pass 1.15x a one-token pass, and ~3.7 ms of drafting, verification and commit on a
+#: ~15 ms pass), so every extra drafted token widens the loss; ``+adaptive`` did not recover it within a
+#: 48-token reply (0.89x).
+DEFAULT_STRATEGY = "chain:1"
 #: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
 #: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py),
-#: on the default target: 1.00x / 1.03x plain decoding there, i.e. no gain on chat. Sampled, a retrieval
-#: draft's proposal is accepted with the target's probability of it, so a second or third drafted token is
-#: rarely kept (block efficiency 1.29-1.34 on chat for chains of 1-3), while every extra token widens the
-#: pass: chain:3 ran at 0.74x on chat. ``+adaptive`` falls back to plain steps where the draft does not pay.
-DEFAULT_SAMPLED_STRATEGY = "chain:1+adaptive"
+#: on the default target at 932bf7d: ``chain:1`` at 0.88x / 0.97x plain decoding there (``chain:1+adaptive``,
+#: which speculates on every sampled step, 0.87x / 1.00x). Sampled, a retrieval draft's proposal is accepted
+#: with the target's probability of it (1.21 tokens per pass on chat for ``chain:1``), and longer chains
+#: lost more (``chain:3`` 0.72x on chat).
+DEFAULT_SAMPLED_STRATEGY = "chain:1"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
 DEFAULT_UNTRAINED_STRATEGY = "chain:2+adaptive"
