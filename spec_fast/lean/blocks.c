@@ -119,8 +119,8 @@ static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 su
 /* The VNNI path keeps a group's integer sums and the float accumulators in registers and loads the scales
  * with vector loads. Written as the portable code below, the compiler reset the sums through memory (a
  * memset call per group) and copied the scales through the stack: that cost more than the group's dot
- * products, and the products ran at 28 GMAC/s on one core against 74 (4 rows) to 126 (64 rows and more)
- * this way (bench/results/kernel_blocks.md). Each row's float steps run in one fixed order,
+ * products, and a 1536x576 Q4_1 product ran at 20-33 GMAC/s on one core against 43 (1 row), 77 (4 rows)
+ * and 139-142 (64-256 rows) this way (bench/results/kernel_blocks.md). Each row's float steps run in one fixed order,
  * acc = (d dx) float(sum) + (m sx + acc), whatever the number of rows, so rows stay independent. */
 static inline __attribute__((always_inline)) void block_rows(int kind, int rows, const int8_t *restrict xq,
                                                              const float *restrict dx, const float *restrict sx,
