@@ -424,16 +424,51 @@ class LeanLlama(nn.Module):
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = [x] if output_hidden_states else []
-        for layer, layer_cache in zip(layers, past_key_values.layers):
-            x = layer(x, cos, sin, mask, layer_cache)
-            if output_hidden_states:
-                hidden.append(x)
+        stack = None if output_hidden_states else _native_stack(layers, past_key_values, x, mask, past)
+        if stack is not None:
+            # every layer in one native call each, the shared arguments checked once (the same arithmetic as
+            # the loop below, without its per-layer Python); the layers write into a copy of x
+            x = x.contiguous().clone()
+            native.run_layers(stack, x, cos.contiguous(), sin.contiguous(), mask, past)
+            for layer_cache in past_key_values.layers:
+                layer_cache.key_length = layer_cache.value_length = past + int(num_query)
+        else:
+            for layer, layer_cache in zip(layers, past_key_values.layers):
+                x = layer(x, cos, sin, mask, layer_cache)
+                if output_hidden_states:
+                    hidden.append(x)
         x = self.model.norm(x)
         if output_hidden_states:
             hidden[-1] = x
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
+
+
+def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: torch.Tensor | None, past: int
+                  ) -> list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]] | None:
+    """``(weights, keys, values)`` of every layer for :func:`native.run_layers`, or None where any layer
+    would not run natively on its own (:meth:`LeanDecoderLayer.forward`'s conditions)."""
+    batch, num_query = int(x.shape[0]), int(x.shape[1])
+    if x.dtype != torch.float32 or x.device.type != "cpu" or len(cache.layers) != len(layers):
+        return None
+    if mask is not None and (tuple(mask.shape) != (batch, 1, num_query, past + num_query)
+                             or mask.dtype != torch.float32 or not mask.is_contiguous()):
+        return None
+    stack = []
+    for layer, layer_cache in zip(layers, cache.layers):
+        attn = layer.self_attn
+        if not layer.native_layer or attn.attention_dtype != torch.float32:
+            return None
+        weights = layer.native_weights()
+        if weights is None:
+            return None
+        buffers = layer_cache.reserve(batch, attn.kv_heads, attn.head_dim, past + num_query, torch.float32,
+                                      x.device)
+        if buffers is None:
+            return None
+        stack.append((weights, *buffers))
+    return stack
 
 
 def _linears(model: Any) -> list[Any]:

@@ -447,13 +447,26 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
 
     Only with :func:`available` True (the caller checks); other dtypes, devices, layouts and shapes are a
     ValueError."""
+    run_layers([(weights, keys, values)], x, cos, sin, mask, past)
+
+
+def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]], x: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, mask: torch.Tensor | None, past: int) -> None:
+    """The decoder layers ``stack`` (each ``(weights, keys, values)`` as in :func:`run_layer`) one after
+    another over ``x`` in place, the arguments every layer shares checked once. Per layer, Python's part of
+    :func:`run_layer` (its checks, and a model's per-layer bookkeeping around it) cost about 2.4 ms of a
+    15 ms SmolLM2 pass; the layers compute exactly what one :func:`run_layer` call each computes. A
+    ``MemoryError`` can leave ``x`` partly updated: pass a copy where that matters."""
     lib = _library()
     assert lib is not None
-    if not isinstance(weights, LayerWeights):
-        raise ValueError(f"weights must be a LayerWeights, got {type(weights).__name__}")
-    _check("x", x, torch.float32, 3, contiguous=True, shape=(None, None, int(weights.hidden)))
+    if not stack:
+        return
+    first = stack[0][0]
+    if not isinstance(first, LayerWeights):
+        raise ValueError(f"weights must be a LayerWeights, got {type(first).__name__}")
+    _check("x", x, torch.float32, 3, contiguous=True, shape=(None, None, int(first.hidden)))
     batch, num_query = int(x.shape[0]), int(x.shape[1])
-    dim, kv_heads = int(weights.head_dim), int(weights.kv_heads)
+    dim, kv_heads = int(first.head_dim), int(first.kv_heads)
     if isinstance(past, bool) or not isinstance(past, int) or past < 0:
         raise ValueError(f"past must be an int >= 0, got past={past!r}")
     for name, table in (("cos", cos), ("sin", sin)):
@@ -466,16 +479,24 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
         if mask.numel() != batch * num_query * (past + num_query) or int(mask.shape[-1]) != past + num_query:
             raise ValueError(f"mask must be [{batch}, {num_query}, {past + num_query}], got "
                              f"mask.shape={tuple(mask.shape)}")
-    for name, buffer in (("keys", keys), ("values", values)):
-        _check(name, buffer, torch.float32, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
-        if int(buffer.shape[2]) < past + num_query:
-            raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
-                             f"{name}.shape={tuple(buffer.shape)}")
-    if tuple(keys.shape) != tuple(values.shape):
-        raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
-                         f"values.shape={tuple(values.shape)}")
-    status = lib.spec_fast_layer(ctypes.byref(weights), x.data_ptr(), batch, num_query, cos.data_ptr(),
-                                 sin.data_ptr(), None if mask is None else mask.data_ptr(), past,
-                                 keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), torch.get_num_threads())
-    if status != 0:
-        raise MemoryError("the native decoder layer could not allocate its scratch memory")
+    for weights, keys, values in stack:
+        if not isinstance(weights, LayerWeights) or (int(weights.hidden), int(weights.head_dim),
+                                                     int(weights.kv_heads)) != (int(first.hidden), dim, kv_heads):
+            raise ValueError("every layer of a stack must be a LayerWeights of the first layer's hidden size, "
+                             "head size and key/value heads")
+        for name, buffer in (("keys", keys), ("values", values)):
+            _check(name, buffer, torch.float32, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
+            if int(buffer.shape[2]) < past + num_query:
+                raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
+                                 f"{name}.shape={tuple(buffer.shape)}")
+        if tuple(keys.shape) != tuple(values.shape):
+            raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
+                             f"values.shape={tuple(values.shape)}")
+    threads = torch.get_num_threads()
+    x_data, cos_data, sin_data = x.data_ptr(), cos.data_ptr(), sin.data_ptr()
+    mask_data = None if mask is None else mask.data_ptr()
+    for weights, keys, values in stack:
+        status = lib.spec_fast_layer(ctypes.byref(weights), x_data, batch, num_query, cos_data, sin_data, mask_data,
+                                     past, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), threads)
+        if status != 0:
+            raise MemoryError("the native decoder layer could not allocate its scratch memory")

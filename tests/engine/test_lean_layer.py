@@ -32,16 +32,40 @@ def hf_model(request: Any) -> Any:
     return tiny_llama() if request.param == "llama" else tiny_qwen2()
 
 
-def _count_layer_calls(monkeypatch: Any) -> list[int]:
+def _count_layer_calls(monkeypatch: Any, stacks: list[int] | None = None) -> list[int]:
+    """Native layer calls (``run_layer`` goes through ``run_layers``); ``stacks`` collects each call's
+    number of layers."""
     calls = [0]
-    original = native.run_layer
+    original = native.run_layers
 
-    def counted(*args: Any) -> None:
-        calls[0] += 1
-        original(*args)
+    def counted(stack: Any, *args: Any) -> None:
+        calls[0] += len(stack)
+        if stacks is not None:
+            stacks.append(len(stack))
+        original(stack, *args)
 
-    monkeypatch.setattr(native, "run_layer", counted)
+    monkeypatch.setattr(native, "run_layers", counted)
     return calls
+
+
+def test_the_whole_stack_in_one_call_computes_bit_for_bit_what_layer_by_layer_computes(monkeypatch: Any) -> None:
+    model = LeanLlama.from_hf(tiny_llama())
+    stacks: list[int] = []
+    _count_layer_calls(monkeypatch, stacks)
+    prompt = torch.tensor([[3, 9, 4, 1, 7], [5, 2, 8, 6, 1]])
+    block = torch.tensor([[7, 11], [8, 21]])
+    tree = torch.tensor([[[[0.0] * 7, [0.0] * 5 + [float("-inf"), 0.0]]]]).expand(2, 1, 2, 7).contiguous()
+    outputs = []
+    for hidden in (False, True):  # hidden states need every layer's output: the layer-by-layer path
+        cache = model.make_tree_cache(2)
+        first = model(prompt, past_key_values=cache, output_hidden_states=hidden).logits
+        second = model(block, attention_mask=tree, position_ids=torch.tensor([[5, 6], [5, 6]]), past_key_values=cache,
+                       output_hidden_states=hidden).logits
+        outputs.append((first, second, cache.layers[-1].key_length))
+    layers = len(model.model.layers)
+    assert stacks == [layers, layers] + [1] * (2 * layers)  # two whole stacks, then one layer per call
+    for fast, slow in zip(outputs[0], outputs[1], strict=True):
+        assert fast == slow if isinstance(fast, int) else torch.equal(fast, slow)
 
 
 def test_the_native_layer_runs_and_computes_what_the_python_layer_computes(hf_model: Any, monkeypatch: Any) -> None:
