@@ -167,12 +167,16 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: LeanLayerCache) -> torch.Tensor:
         """``x [B, Q, H]``, ``cos``/``sin [B, 1, Q, D]``, ``mask [B, 1, Q, K]`` additive or None -> ``[B, Q, H]``."""
-        if self.native_layer and self.self_attn.attention_dtype == torch.float32 and x.device.type == "cpu":
-            weights = self.native_weights()
-            if weights is not None:
-                out = self._native_forward(weights, x, cos, sin, mask, cache)
-                if out is not None:
-                    return out
+        call = self.native_call(x, mask, cache)
+        if call is not None:
+            if mask is not None and (mask.dtype != torch.float32 or not mask.is_contiguous()):
+                mask = mask.float().contiguous()
+            weights, keys, values = call
+            out = x.contiguous().clone()
+            past = cache.key_length
+            native.run_layer(weights, out, cos.contiguous(), sin.contiguous(), mask, past, keys, values)
+            cache.key_length = cache.value_length = past + int(x.shape[1])
+            return out
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         out2: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out2
@@ -217,26 +221,25 @@ class DecoderLayer(nn.Module):
         self.__dict__["_native"] = (tuple(map(id, tensors)), tensors, weights)
         return weights
 
-    def _native_forward(self, weights: native.LayerWeights, x: torch.Tensor, cos: torch.Tensor,
-                        sin: torch.Tensor, mask: torch.Tensor | None,
-                        cache: LeanLayerCache) -> torch.Tensor | None:
-        """The layer in one C call, or None where the inputs or the cache do not fit it."""
-        batch, num_query, _ = x.shape
+    def native_call(self, x: torch.Tensor, mask: torch.Tensor | None, cache: LeanLayerCache
+                    ) -> tuple[native.LayerWeights, torch.Tensor, torch.Tensor] | None:
+        """``(weights, keys, values)`` for one C call of the layer over ``x [B, Q, H]`` behind ``cache`` (its
+        buffers grown to hold the new entries), or None where the layer cannot run natively: switched off,
+        attention not in float32, inputs not float32 on the CPU, a mask not ``[B, 1, Q, past + Q]``, weights
+        that are not all packed native ones, or a cache that holds another layout."""
+        batch, num_query = int(x.shape[0]), int(x.shape[1])
         attn = self.self_attn
-        past = cache.key_length
-        buffers = cache.reserve(int(batch), attn.kv_heads, attn.head_dim, past + int(num_query), torch.float32,
-                                x.device)
-        if buffers is None or x.dtype != torch.float32:
+        if (not self.native_layer or attn.attention_dtype != torch.float32 or x.device.type != "cpu"
+                or x.dtype != torch.float32):
             return None
-        if mask is not None:
-            if tuple(mask.shape) != (batch, 1, num_query, past + num_query):
-                return None
-            if mask.dtype != torch.float32 or not mask.is_contiguous():
-                mask = mask.float().contiguous()
-        out = x.contiguous().clone()
-        native.run_layer(weights, out, cos.contiguous(), sin.contiguous(), mask, past, *buffers)
-        cache.key_length = cache.value_length = past + int(num_query)
-        return out
+        past = cache.key_length
+        if mask is not None and tuple(mask.shape) != (batch, 1, num_query, past + num_query):
+            return None
+        weights = self.native_weights()
+        if weights is None:
+            return None
+        buffers = cache.reserve(batch, attn.kv_heads, attn.head_dim, past + num_query, torch.float32, x.device)
+        return None if buffers is None else (weights, *buffers)
 
 
 class LeanBody(nn.Module):
@@ -424,7 +427,7 @@ class LeanLlama(nn.Module):
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = [x] if output_hidden_states else []
-        stack = None if output_hidden_states else _native_stack(layers, past_key_values, x, mask, past)
+        stack = None if output_hidden_states else _native_stack(layers, past_key_values, x, mask)
         if stack is not None:
             # every layer in one native call each, the shared arguments checked once (the same arithmetic as
             # the loop below, without its per-layer Python); the layers write into a copy of x
@@ -445,29 +448,19 @@ class LeanLlama(nn.Module):
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
 
 
-def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: torch.Tensor | None, past: int
+def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: torch.Tensor | None
                   ) -> list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]] | None:
-    """``(weights, keys, values)`` of every layer for :func:`native.run_layers`, or None where any layer
-    would not run natively on its own (:meth:`LeanDecoderLayer.forward`'s conditions)."""
-    batch, num_query = int(x.shape[0]), int(x.shape[1])
-    if x.dtype != torch.float32 or x.device.type != "cpu" or len(cache.layers) != len(layers):
-        return None
-    if mask is not None and (tuple(mask.shape) != (batch, 1, num_query, past + num_query)
-                             or mask.dtype != torch.float32 or not mask.is_contiguous()):
+    """Every layer's :meth:`LeanDecoderLayer.native_call` for :func:`native.run_layers`, or None where any
+    layer would not run natively on its own, or the mask would need a conversion."""
+    if len(cache.layers) != len(layers) or (mask is not None and (mask.dtype != torch.float32
+                                                                  or not mask.is_contiguous())):
         return None
     stack = []
     for layer, layer_cache in zip(layers, cache.layers):
-        attn = layer.self_attn
-        if not layer.native_layer or attn.attention_dtype != torch.float32:
+        call = layer.native_call(x, mask, layer_cache)
+        if call is None:
             return None
-        weights = layer.native_weights()
-        if weights is None:
-            return None
-        buffers = layer_cache.reserve(batch, attn.kv_heads, attn.head_dim, past + num_query, torch.float32,
-                                      x.device)
-        if buffers is None:
-            return None
-        stack.append((weights, *buffers))
+        stack.append(call)
     return stack
 
 
