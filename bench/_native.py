@@ -57,14 +57,20 @@ class NativeLlama:
     def path(self, program: str) -> str:
         return os.path.join(self.bin_dir, program)
 
+    def run(self, program: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``program`` of ``bin_dir`` with ``args`` (text in and out, bounded by ``TIMEOUT_S``); a
+        RuntimeError with the end of its stderr where it fails."""
+        out = subprocess.run([self.path(program), *args], input=stdin, capture_output=True, text=True,
+                             timeout=TIMEOUT_S, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{program} failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+        return out
+
     def decode(self, gguf: str, prompt: list[int], threads: int, new: int, temperature: float, seed: int
                ) -> NativeRun:
         """Plain decoding of ``prompt`` (token ids) by ``llama-decode``."""
-        out = subprocess.run([self.path("llama-decode"), gguf, str(threads), str(new), f"{temperature:g}", str(seed)],
-                             input=" ".join(map(str, prompt)), capture_output=True, text=True, timeout=TIMEOUT_S,
-                             check=False)
-        if out.returncode != 0:
-            raise RuntimeError(f"llama-decode failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+        out = self.run("llama-decode", [gguf, str(threads), str(new), f"{temperature:g}", str(seed)],
+                       " ".join(map(str, prompt)))
         result = json.loads(out.stdout)
         tokens = [int(t) for t in result["tokens"]]
         return NativeRun(tokens, len(tokens), float(result["first_s"]), float(result["total_s"]))
@@ -76,14 +82,11 @@ class NativeLlama:
             fh.write(prompt_text)
             prompt_file = fh.name
         try:
-            out = subprocess.run([self.path("llama-lookup"), "-m", gguf, "-t", str(threads), "-tb", str(threads),
-                                  "-n", str(new), "--spec-draft-n-max", str(draft_max), "-f", prompt_file, "--temp", "0",
-                                  "-c", "4096", "-b", "4096", "-ub", "4096", "-nr"],
-                                 capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            out = self.run("llama-lookup", ["-m", gguf, "-t", str(threads), "-tb", str(threads), "-n", str(new),
+                                            "--spec-draft-n-max", str(draft_max), "-f", prompt_file, "--temp", "0",
+                                            "-c", "4096", "-b", "4096", "-ub", "4096", "-nr"])
         finally:
             os.unlink(prompt_file)
-        if out.returncode != 0:
-            raise RuntimeError(f"llama-lookup failed ({out.returncode}): {out.stderr.strip()[-400:]}")
         text = out.stderr + out.stdout
         encoded = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
         decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
@@ -98,11 +101,8 @@ class NativeLlama:
     def bench(self, gguf: str, threads: int, tokens: int = 128, prompt: int = 128, repetitions: int = 3
               ) -> dict[str, float]:
         """``llama-bench``'s ``tg<tokens>`` and ``pp<prompt>`` rates (tokens/s, mean over repetitions)."""
-        out = subprocess.run([self.path("llama-bench"), "-m", gguf, "-t", str(threads), "-n", str(tokens), "-p",
-                              str(prompt), "-r", str(repetitions), "--repack", "0", "-o", "json"],
-                             capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-        if out.returncode != 0:
-            raise RuntimeError(f"llama-bench failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+        out = self.run("llama-bench", ["-m", gguf, "-t", str(threads), "-n", str(tokens), "-p", str(prompt), "-r",
+                                       str(repetitions), "--repack", "0", "-o", "json"])
         rates: dict[str, float] = {}
         for entry in json.loads(out.stdout):
             key = f"tg{entry['n_gen']}" if entry["n_gen"] else f"pp{entry['n_prompt']}"
@@ -113,10 +113,7 @@ class NativeLlama:
         """``gguf`` re-quantised to ``kind`` (e.g. ``Q8_0``) by ``llama-quantize`` into ``folder`` (kept: made once)."""
         target = os.path.join(folder, os.path.basename(gguf).rsplit(".", 2)[0] + f".{kind}.gguf")
         if not os.path.isfile(target):
-            out = subprocess.run([self.path("llama-quantize"), "--allow-requantize", gguf, target, kind],
-                                 capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-            if out.returncode != 0:
-                raise RuntimeError(f"llama-quantize failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+            self.run("llama-quantize", ["--allow-requantize", gguf, target, kind])
         return target
 
 

@@ -88,6 +88,8 @@ SPLITS: dict[str, dict[str, tuple[str, ...]]] = {"heldout": HELDOUT, "tuning": T
 WORKLOADS: dict[str, tuple[str, ...]] = HELDOUT
 OURS = ("ours-plain", "ours-default", "ours-q8-plain", "ours-f32-plain", "ours-f32-spec")
 NATIVE = ("native-plain", "native-lookup", "native-q8-plain")
+#: configurations that need the natively built llama.cpp (ours on Q8_0 reads llama-quantize's file)
+NEEDS_NATIVE = (*NATIVE, "ours-q8-plain")
 #: configurations with greedy decoding only
 GREEDY_ONLY = ("native-lookup",)
 HF = ("hf-plain", "hf-pld", "hf-assisted")
@@ -170,7 +172,7 @@ class Systems:
         self.cli_target = load_model(quantize="gguf")[0]  # what --quantize auto runs for the default model
         self.gguf_q8 = ""
         self.q8_target = None
-        if any("q8" in n for n in names):
+        if any("q8" in n for n in names):  # ours-q8-plain, native-q8-plain: both in NEEDS_NATIVE
             assert native is not None
             self.gguf_q8 = native.requantize(self.gguf, "Q8_0", os.path.dirname(native.bin_dir.rstrip("/")))
             self.q8_target = load_model(self.gguf_q8, quantize="gguf", notify=None)[0]
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_llama:
         names = [n for n in names if n not in LLAMA]
     if args.no_native:
-        names = [n for n in names if n not in NATIVE and "q8" not in n]
+        names = [n for n in names if n not in NEEDS_NATIVE]
     if any(n not in every for n in names) or BASELINE not in names:
         print(f"error: --configs must name some of {every} including {BASELINE}, got {args.configs!r}",
               file=sys.stderr)
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {LLAMA_HINT}", file=sys.stderr)
             return 2
     native: NativeLlama | None = None
-    if any(n in NATIVE or "q8" in n for n in names):
+    if any(n in NEEDS_NATIVE for n in names):
         try:
             native = NativeLlama(args.llama_cpp_bin, ("llama-decode", "llama-lookup", "llama-bench", "llama-quantize"))
         except ValueError as err:
