@@ -453,9 +453,9 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
 def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]], x: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, mask: torch.Tensor | None, past: int) -> None:
     """The decoder layers ``stack`` (each ``(weights, keys, values)`` as in :func:`run_layer`) one after
-    another over ``x`` in place, the arguments every layer shares checked once. Per layer, Python's part of
-    :func:`run_layer` (its checks, and a model's per-layer bookkeeping around it) cost about 2.4 ms of a
-    15 ms SmolLM2 pass; the layers compute exactly what one :func:`run_layer` call each computes. A
+    another over ``x`` in place, the arguments every layer shares checked once. Python's part of :func:`run_layer`
+    (its checks, and a model's per-layer bookkeeping around it) is then paid once per pass, not once per
+    layer; the layers compute exactly what one :func:`run_layer` call each computes. A
     ``MemoryError`` can leave ``x`` partly updated: pass a copy where that matters."""
     lib = _library()
     assert lib is not None
