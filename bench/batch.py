@@ -1,7 +1,8 @@
 """Continuous batching on the default model: aggregate tokens/s and per-request latency with 1, 2, 4 and 8
 concurrent requests arriving staggered, plain and default speculative decoding, 1 and 2 threads.
 
-Each cell runs ``concurrency`` greedy requests (held-out chat prompts, ``spec_fast.drafts.prompts``) through
+Each cell runs ``concurrency`` greedy requests (held-out chat prompts, ``bench.workloads.HELDOUT``), each
+ending at the end-of-sequence token or after ``--max-new-tokens`` tokens, through
 one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; request i arrives before engine
 step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
 and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
@@ -54,9 +55,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, stagger: int,
-             **engine_options: Any) -> dict[str, Any]:
-    """One cell: ``len(prompts)`` requests, request i added before step ``i * stagger``."""
-    engine = BatchEngine(decoder, max_batch_size=len(prompts), **engine_options)
+             eos_token_id: int | None = None, **engine_options: Any) -> dict[str, Any]:
+    """One cell: ``len(prompts)`` requests, request i added before step ``i * stagger``; a request ends at
+    ``eos_token_id`` or after ``new_tokens`` tokens."""
+    engine = BatchEngine(decoder, max_batch_size=len(prompts), eos_token_id=eos_token_id, **engine_options)
     tokens: dict[int, list[int]] = {}
     stats: dict[int, Any] = {}
     order: list[int] = []
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, decoder in configurations.items():
                 load = os.getloadavg()[0]
                 cell = run_cell(decoder, prompts[:concurrency], args.max_new_tokens, args.stagger,
-                                **engine_options[name])
+                                tokenizer.eos_token_id, **engine_options[name])
                 for i, got in enumerate(cell.pop("tokens")):
                     if i not in alone:
                         alone[i] = plain_decoder.generate([prompts[i]], max_new_tokens=args.max_new_tokens,
@@ -138,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/batch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": git_commit(), "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores",
         "model": f"{default.model.describe()}, quantize {default.quantize}",
-        "prompts": f"the first {max(args.concurrency)} chat prompts of bench.workloads.HELDOUT, greedy, {args.max_new_tokens} new "
-                   f"tokens, request i arrives before engine step {args.stagger}i",
+        "prompts": f"the first {max(args.concurrency)} chat prompts of bench.workloads.HELDOUT, greedy, up to {args.max_new_tokens} new "
+                   f"tokens (or the end-of-sequence token), request i arrives before engine step {args.stagger}i",
         "every request's tokens equal plain decoding of it alone": identical,
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
                                                    f"{max(r['load_average_before'] for r in rows):.1f}",

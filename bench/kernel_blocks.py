@@ -49,10 +49,10 @@ def build(sources: dict[str, str], folder: str) -> Any:
 def weight(kind: str, out_features: int, in_features: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(out_features + in_features)
     groups = in_features // 32
-    scales = torch.rand(out_features, groups, generator=gen) * 0.01
+    scales = (torch.rand(out_features, groups, generator=gen) * 0.01).half().float()
     if kind == "q4_1":
         values = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=gen)
-        return native.pack_blocks(kind, values, scales, torch.rand(out_features, groups, generator=gen) * -0.05)
+        return native.pack_blocks(kind, values, scales, (torch.rand(out_features, groups, generator=gen) * -0.05).half().float())
     values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8, generator=gen)
     return native.pack_blocks(kind, values, scales, None)
 

@@ -18,7 +18,10 @@
  * values in 8 quads of 4 inputs, each quad output-major with its 4 inputs adjacent (byte 4 j + i holds input
  * 4 quad + i of output j: one 32-bit lane of an accumulator per output); Q4_1 packs outputs j and j + 32 into
  * the low and high nibble of one byte (128 bytes a quad), Q8_0 one byte per value (256 bytes a quad); then
- * d[64] and m[64] as float32. spec_fast/lean/native.py (pack_blocks) writes it.
+ * d[64] as float16 and, for Q4_1 only, m[64] as float16 (Q8_0's m = -128 d is exact in float32 and computed
+ * here). GGUF stores d and m as float16, so nothing is rounded, and a group takes the bytes GGUF's blocks
+ * take (1280 for Q4_1, 2176 for Q8_0): one pass streams the file's bytes, not a wider copy of them (float32
+ * scales made it 20% and 18% more). spec_fast/lean/native.py (pack_blocks) writes it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,13 +40,31 @@
 #define QUADS (GROUP / 4)
 #define Q4_QUAD_BYTES (BLOCK * 4 / 2)
 #define Q8_QUAD_BYTES (BLOCK * 4)
-#define Q4_GROUP_BYTES (QUADS * Q4_QUAD_BYTES + 2 * BLOCK * 4)
-#define Q8_GROUP_BYTES (QUADS * Q8_QUAD_BYTES + 2 * BLOCK * 4)
+#define Q4_GROUP_BYTES (QUADS * Q4_QUAD_BYTES + 2 * BLOCK * 2)
+#define Q8_GROUP_BYTES (QUADS * Q8_QUAD_BYTES + BLOCK * 2)
 
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i32x16 __attribute__((vector_size(64), aligned(4)));
 
 static inline f32x16 load16(const float *p) { f32x16 v; memcpy(&v, p, sizeof(v)); return v; }
+
+/* The float32 value of an IEEE float16 (exact: every float16 is a float32). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023;
+    uint32_t bits;
+    if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13); /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {
+        const float magnitude = (float)mantissa * 5.9604644775390625e-8f; /* subnormal: mantissa 2^-24 */
+        memcpy(&bits, &magnitude, sizeof(bits));
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
 
 /* Row r of x [rows, ldx] quantised per group of 32: xq [rows, K] int8, dx and sx [rows, K / 32]. */
 static void quantize_rows(const float *x, int64_t rows, int64_t ldx, int64_t k_size, int8_t *xq, float *dx,
@@ -116,6 +137,11 @@ static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 su
 #endif
 
 #ifdef SPEC_FAST_VNNI
+/* 16 float16 at p as float32 (exact) */
+static inline __m512 half16(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
 /* The VNNI path keeps a group's integer sums and the float accumulators in registers and loads the scales
  * with vector loads. Written as the portable code below, the compiler reset the sums through memory (a
  * memset call per group) and copied the scales through the stack: that cost more than the group's dot
@@ -134,8 +160,7 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
         for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t *restrict values = packed + g * group_bytes;
-        const float *restrict d = (const float *)(values + QUADS * quad_bytes);
-        const float *restrict m = d + BLOCK;
+        const uint8_t *restrict d = values + QUADS * quad_bytes, *restrict m = d + 2 * BLOCK;
         __m512i sums[4][VECS];
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < VECS; ++c) sums[r][c] = _mm512_setzero_si512();
@@ -155,12 +180,16 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
                 for (int c = 0; c < VECS; ++c) sums[r][c] = _mm512_dpbusd_epi32(sums[r][c], u[c], xb);
             }
         }
+        __m512 dc[VECS], mc[VECS];
+        for (int c = 0; c < VECS; ++c) {
+            dc[c] = half16(d + 2 * LANES * c);
+            mc[c] = kind == 4 ? half16(m + 2 * LANES * c) : _mm512_mul_ps(dc[c], _mm512_set1_ps(-128.f));
+        }
         for (int r = 0; r < rows; ++r) {
             const __m512 scale = _mm512_set1_ps(dx[r * groups + g]), shift = _mm512_set1_ps(sx[r * groups + g]);
             for (int c = 0; c < VECS; ++c) {
-                const __m512 dc = _mm512_loadu_ps(d + c * LANES), mc = _mm512_loadu_ps(m + c * LANES);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dc, scale), _mm512_cvtepi32_ps(sums[r][c]),
-                                            _mm512_fmadd_ps(mc, shift, acc[r][c]));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dc[c], scale), _mm512_cvtepi32_ps(sums[r][c]),
+                                            _mm512_fmadd_ps(mc[c], shift, acc[r][c]));
             }
         }
     }
@@ -182,8 +211,15 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
     memset(acc, 0, sizeof(acc));
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t *restrict values = packed + g * group_bytes;
-        const float *restrict d = (const float *)(values + QUADS * quad_bytes);
-        const float *restrict m = d + BLOCK;
+        const uint8_t *restrict scale_bytes = values + QUADS * quad_bytes;
+        float d[BLOCK], m[BLOCK];
+        for (int j = 0; j < BLOCK; ++j) {
+            uint16_t h;
+            memcpy(&h, scale_bytes + 2 * j, 2);
+            d[j] = half_to_float(h);
+            if (kind == 4) memcpy(&h, scale_bytes + 2 * BLOCK + 2 * j, 2);
+            m[j] = kind == 4 ? half_to_float(h) : d[j] * -128.f;
+        }
         i32x16 sums[4][VECS];
         memset(sums, 0, sizeof(sums));
         for (int q = 0; q < QUADS; ++q) {

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import torch
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled",
-           "mm_blocks", "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason",
+           "group_bytes", "mm_blocks", "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason",
            "unpack_blocks", "unpack_float32", "using"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
@@ -338,6 +338,9 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
             (``values`` int8, ``offsets`` None).
         values: ``[N, K]``, K a multiple of 32.
         scales: ``[N, K / 32]`` float32.
+
+    The layout stores ``scales`` and ``offsets`` as float16, as GGUF does; ``ValueError`` when one of them is
+    not a float16 value (it would be rounded, and the product would no longer be of the weight passed).
     """
     if kind not in BLOCK_KINDS:
         raise ValueError(f"kind must be one of {sorted(BLOCK_KINDS)}, got kind={kind!r}")
@@ -353,23 +356,34 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
         out[:out_features] = t
         return out
 
+    def halves(name: str, t: torch.Tensor) -> torch.Tensor:
+        """[N, G] float16-exact values -> float16 [NB, G, 64] (per block and group, one per output)"""
+        exact = t.float()
+        half = exact.half()
+        if not torch.allclose(half.float(), exact, rtol=0.0, atol=0.0, equal_nan=True):
+            raise ValueError(f"{name} must hold float16 values (GGUF's precision), got {name} that rounds")
+        return pad(half).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+
     # [NB, 64 outputs j, G, 8 quads, 4 inputs i] -> per (block, group): quad, output, input
     grid = pad(values).view(blocks, BLOCK, groups, QUADS, 4)
-    scale_bytes = pad(scales.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+    scale_bytes = halves("scales", scales).view(torch.uint8)
     if kind == "q4_1":
         if offsets is None:
             raise ValueError("q4_1 needs offsets (GGUF's m), got offsets=None")
         low, high = grid[:, : BLOCK // 2].to(torch.uint8), grid[:, BLOCK // 2 :].to(torch.uint8)
         nibbles = (low | (high << 4)).permute(0, 2, 3, 1, 4).reshape(blocks, groups, GROUP * BLOCK // 2)
-        offset_bytes = pad(offsets.float()).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
-        parts = [nibbles, scale_bytes.view(torch.uint8), offset_bytes.view(torch.uint8)]
+        parts = [nibbles, scale_bytes, halves("offsets", offsets).view(torch.uint8)]
     else:
-        # stored as q + 128 with offset -128 d (blocks.c: both kinds multiply unsigned bytes)
+        # stored as q + 128; blocks.c takes the offset -128 d (both kinds multiply unsigned bytes)
         biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1, 4)
-        offset_bytes = (-128.0 * scale_bytes).contiguous()
-        parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes.view(torch.uint8),
-                 offset_bytes.view(torch.uint8)]
+        parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes]
     return torch.cat([p.reshape(blocks, groups, -1) for p in parts], dim=2).contiguous()
+
+
+def group_bytes(kind: str) -> int:
+    """Bytes per block of 64 outputs and group of 32 inputs in :func:`pack_blocks`'s layout: the values, then
+    64 float16 scales and (Q4_1) 64 float16 offsets."""
+    return (GROUP * BLOCK // 2 + 2 * 2 * BLOCK) if kind == "q4_1" else (GROUP * BLOCK + 2 * BLOCK)
 
 
 def unpack_blocks(kind: str, packed: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -381,7 +395,7 @@ def unpack_blocks(kind: str, packed: torch.Tensor, out_features: int) -> torch.T
         values = torch.cat([nibbles & 15, nibbles >> 4], dim=3).float()  # [NB, G, 8 quads, 64 j, 4 i]
     else:
         values = (packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK, 4).to(torch.int16) - 128).float()
-    rest = packed[:, :, value_bytes:].contiguous().view(torch.float32).view(blocks, groups, 2, BLOCK)
+    rest = packed[:, :, value_bytes:].contiguous().view(torch.float16).float().view(blocks, groups, -1, BLOCK)
     scale = rest[:, :, 0].view(blocks, groups, 1, BLOCK, 1)
     weight = values * scale
     if kind == "q4_1":
@@ -399,9 +413,7 @@ def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: in
     assert lib is not None
     if kind not in BLOCK_KINDS:
         raise ValueError(f"kind must be one of {sorted(BLOCK_KINDS)}, got kind={kind!r}")
-    # per group of 32 inputs: the values (4 or 8 bits each, 64 outputs) then two float32 per output
-    group_bytes = (GROUP * BLOCK // 2 if kind == "q4_1" else GROUP * BLOCK) + 2 * 4 * BLOCK
-    _check("packed", packed, torch.uint8, 3, contiguous=True, shape=(None, None, group_bytes))
+    _check("packed", packed, torch.uint8, 3, contiguous=True, shape=(None, None, group_bytes(kind)))
     _check_out_features(packed, out_features)
     x = _rows("x", x, int(packed.shape[1]) * GROUP)
     rows, in_features = int(x.shape[0]), int(x.shape[1])

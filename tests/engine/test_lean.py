@@ -290,11 +290,11 @@ def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_th
     groups = in_features // native.GROUP
     if kind == "q4_1":
         values = torch.randint(0, 16, shape, dtype=torch.uint8)
-        offsets: torch.Tensor | None = torch.randn(out_features, groups) * 0.05
+        offsets: torch.Tensor | None = (torch.randn(out_features, groups) * 0.05).half().float()
     else:
         values = torch.randint(-128, 128, shape, dtype=torch.int8)
         offsets = None
-    scales = torch.rand(out_features, groups) * 0.02
+    scales = (torch.rand(out_features, groups) * 0.02).half().float()  # GGUF stores float16 scales
     weight = values.float() * scales.repeat_interleave(native.GROUP, 1)
     if offsets is not None:
         weight = weight + offsets.repeat_interleave(native.GROUP, 1)
@@ -312,3 +312,21 @@ def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_th
     with native.disabled():  # no kernel: the same weights, de-quantised, on torch's product
         fallback = LeanLinear.from_blocks(kind, values, scales, offsets)
     assert fallback.packed is None and torch.equal(fallback.weight, weight)
+
+
+@pytest.mark.parametrize("kind", sorted(native.BLOCK_KINDS))
+def test_block_layout_takes_the_bytes_of_gguf_blocks_and_refuses_scales_it_would_round(kind: str) -> None:
+    # GGUF: Q4_1 is 20 bytes per 32 weights (float16 d and m, 16 bytes of nibbles), Q8_0 34 (float16 d, 32 bytes)
+    gguf_bytes_per_group = {"q4_1": 20, "q8_0": 34}[kind]
+    values = torch.zeros(64, 96, dtype=torch.uint8 if kind == "q4_1" else torch.int8)
+    scales = torch.full((64, 3), 0.5)
+    offsets = torch.full((64, 3), -0.25) if kind == "q4_1" else None
+    packed = native.pack_blocks(kind, values, scales, offsets)
+    assert packed.shape == (1, 3, native.group_bytes(kind)) == (1, 3, 64 * gguf_bytes_per_group)
+    rounded = scales.clone()
+    rounded[5, 1] = 0.1  # not a float16 value
+    with pytest.raises(ValueError, match="scales must hold float16 values"):
+        native.pack_blocks(kind, values, rounded, offsets)
+    if offsets is not None:
+        with pytest.raises(ValueError, match="offsets must hold float16 values"):
+            native.pack_blocks(kind, values, scales, rounded)

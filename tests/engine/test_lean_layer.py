@@ -96,7 +96,7 @@ def test_the_native_layer_reads_block_quantised_weights() -> None:
             old: LeanLinear = getattr(holder, name)
             out_features, in_features = old.out_features, old.in_features
             values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
-            scales = torch.rand(out_features, in_features // native.GROUP) * 0.01
+            scales = (torch.rand(out_features, in_features // native.GROUP) * 0.01).half().float()
             setattr(holder, name, LeanLinear.from_blocks("q8_0", values, scales, None))
     assert all(layer.native_weights() is not None for layer in fused.model.layers)
     ids = torch.tensor([[1, 5, 7, 9, 3, 2]])

@@ -84,11 +84,12 @@ def _blocks(kind: str, out_features: int, in_features: int) -> LeanLinear:
     groups = in_features // native.GROUP
     if kind == "q4_1":
         values = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8)
-        offsets: torch.Tensor | None = torch.randn(out_features, groups) * 0.05
+        offsets: torch.Tensor | None = (torch.randn(out_features, groups) * 0.05).half().float()
     else:
         values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8)
         offsets = None
-    return LeanLinear.from_blocks(kind, values, scales=torch.rand(out_features, groups) * 0.02, offsets=offsets)
+    return LeanLinear.from_blocks(kind, values, scales=(torch.rand(out_features, groups) * 0.02).half().float(),
+                                offsets=offsets)
 
 
 @pytest.mark.usefixtures("native_kernels")
