@@ -167,11 +167,11 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
         for (int q = 0; q < QUADS; ++q) {
             quad_weights_t u;
             /* the weights stream from memory once per pass: ask for the group PREFETCH_GROUPS ahead (into
-             * the next block at the end of this one), a few lines per quad, so the reads overlap the dot
-             * products; 20-25% faster over a whole model's products than the hardware prefetcher alone
-             * (2, 4, 8 and 16 groups tried; a prefetch past the end of the weight never faults) */
-            const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes) + q * (group_bytes / QUADS);
-            for (int64_t line = 0; line < group_bytes / QUADS; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+             * the next block at the end of this one), each of its cache lines once, spread over the quads, so
+             * the reads overlap the dot products (distances of 2 to 20 groups tried on whole decoding passes:
+             * 8 was best; a prefetch past the end of the weight never faults) */
+            const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
+            for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, _MM_HINT_T0);
             quad_weights(kind, values + q * quad_bytes, u);
             for (int r = 0; r < rows; ++r) {
                 int32_t packed_x;
