@@ -188,6 +188,39 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 #endif
 }
 
+#if defined(__AVX512F__)
+/* The scores of attend_group (below) on AVX-512: the group's queries stay in registers and each key is read
+ * from the cache once for all of them; a score is the lanes' products summed by one fixed reduction
+ * (_mm512_reduce_add_ps), as the scalar path sums them in one fixed order. This took a sixth of the time of
+ * the scalar path, whose per-slot reduction through memory made attention cost about a third of a decoding
+ * pass at 150 slots. Keys are loaded where they are used: staged in an array of a run-time length, each was
+ * copied by a memcpy call per slot. */
+static inline __attribute__((always_inline)) void group_scores(const float *q, int64_t group, const float *keys,
+                                                               int64_t slots, const float *mask, int64_t limit,
+                                                               int64_t dim, float scale, float *scores,
+                                                               int64_t stride, float *best) {
+    const int64_t vecs = dim / LANES;
+    __m512 queries[MAX_GROUP][MAX_DIM / LANES];
+    for (int64_t h = 0; h < group; ++h)
+        for (int64_t c = 0; c < vecs; ++c) queries[h][c] = _mm512_loadu_ps(q + h * dim + c * LANES);
+    for (int64_t j = 0; j < stride; ++j) {
+        if (j >= slots || excluded(mask, j, limit)) {
+            for (int64_t h = 0; h < group; ++h) scores[h * stride + j] = -INFINITY;
+            continue;
+        }
+        const float *key = keys + j * dim;
+        for (int64_t h = 0; h < group; ++h) {
+            __m512 acc = _mm512_mul_ps(queries[h][0], _mm512_loadu_ps(key));
+            for (int64_t c = 1; c < vecs; ++c)
+                acc = _mm512_fmadd_ps(queries[h][c], _mm512_loadu_ps(key + c * LANES), acc);
+            const float s = _mm512_reduce_add_ps(acc) * scale + (mask == NULL ? 0.f : mask[j]);
+            if (s > best[h]) best[h] = s;
+            scores[h * stride + j] = s;
+        }
+    }
+}
+#endif
+
 /* Attention of the `group` query heads that share one key/value head (grouped-query attention): head h's
  * query at q + h dim, its output at out + h dim. out = softmax over the attended slots of (q . k_j) scale +
  * mask_j, times v_j; a slot is attended when mask is NULL and j < limit, or when mask[j] is above EXCLUDED.
@@ -203,28 +236,12 @@ static void attend_group(const float *q, int64_t group, const float *keys, const
     for (int64_t h = 0; h < group; ++h) best[h] = -INFINITY;
 #if defined(__AVX512F__)
     if (dim % LANES == 0 && dim <= MAX_DIM && group <= MAX_GROUP) {
-        /* the group's queries stay in registers and each key is loaded once for all of them; a score is
-         * the lanes' products summed by one fixed reduction (_mm512_reduce_add_ps), as the scalar path below
-         * sums them in one fixed order: this path took a sixth of the time of the scalar one, whose per-slot
-         * reduction through memory made attention cost about a third of a decoding pass at 150 slots */
-        const int64_t vecs = dim / LANES;
-        __m512 queries[MAX_GROUP][MAX_DIM / LANES];
-        for (int64_t h = 0; h < group; ++h)
-            for (int64_t c = 0; c < vecs; ++c) queries[h][c] = _mm512_loadu_ps(q + h * dim + c * LANES);
-        for (int64_t j = 0; j < stride; ++j) {
-            if (j >= slots || excluded(mask, j, limit)) {
-                for (int64_t h = 0; h < group; ++h) scores[h * stride + j] = -INFINITY;
-                continue;
-            }
-            __m512 key[MAX_DIM / LANES];
-            for (int64_t c = 0; c < vecs; ++c) key[c] = _mm512_loadu_ps(keys + j * dim + c * LANES);
-            for (int64_t h = 0; h < group; ++h) {
-                __m512 acc = _mm512_mul_ps(queries[h][0], key[0]);
-                for (int64_t c = 1; c < vecs; ++c) acc = _mm512_fmadd_ps(queries[h][c], key[c], acc);
-                const float s = _mm512_reduce_add_ps(acc) * scale + (mask == NULL ? 0.f : mask[j]);
-                if (s > best[h]) best[h] = s;
-                scores[h * stride + j] = s;
-            }
+        if (dim == 64) {
+            group_scores(q, group, keys, slots, mask, limit, 64, scale, scores, stride, best);
+        } else if (dim == 128) {
+            group_scores(q, group, keys, slots, mask, limit, 128, scale, scores, stride, best);
+        } else {
+            group_scores(q, group, keys, slots, mask, limit, dim, scale, scores, stride, best);
         }
     } else
 #endif

@@ -208,6 +208,29 @@ def test_the_portable_build_computes_what_the_native_build_computes(portable: An
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
+def test_both_builds_quantise_awkward_activations_alike(portable: Any) -> None:
+    # the native build quantises activations 16 lanes at a time, the portable one value by value: ties must
+    # round half to even in both, NaN must be ignored by the group maximum and become 0, inf and zeros alike
+    torch.manual_seed(5)
+    x = torch.randn(9, 576) * torch.logspace(-20, 20, 9).unsqueeze(1)
+    x[0, 3] = float("nan")
+    x[1, :32] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, 40] = -float("inf")
+    x[4] = 0.0
+    x[5, 64:96] = -0.0
+    x[6, :32] = torch.arange(32) - 15.5  # with 127 in the group, dx = 1: these sit halfway between integers
+    x[6, 0] = 127.0
+    x[7] = torch.randn(576) * 1e-40  # subnormal
+    for kind in ("q8_0", "q4_1"):
+        layer = _blocks(kind, 70, 576)
+        fast = layer(x)
+        with native.using(portable):
+            slow = layer(x)
+        # (float sums in another order: rtol 1e-4; one integer off at a tie would be about 1e-2)
+        torch.testing.assert_close(slow, fast, rtol=1e-4, atol=1e-5 * 576 ** 0.5, equal_nan=True)
+
+
 def test_huge_page_copies_are_equal_aligned_copies_in_one_buffer() -> None:
     tensors = [torch.randint(0, 255, (3, 77), dtype=torch.uint8), torch.randn(5, 7), torch.zeros(0, dtype=torch.uint8),
                torch.randint(0, 255, (1000,), dtype=torch.uint8)]
