@@ -1,0 +1,95 @@
+"""The layout of GGUF block-quantised weights (Q4_1, Q8_0) that the native block products read
+(``blocks.c``; its header says why it is laid out so): packing and unpacking, in torch alone.
+
+:mod:`spec_fast.lean.native` re-exports these names next to the products that read the layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "QUADS", "group_bytes", "pack_blocks", "unpack_blocks"]
+
+#: output columns per packed block (``BLOCK`` in kernels.c)
+BLOCK = 64
+#: inputs per quantisation group of the block kinds (``GROUP`` in blocks.c; GGUF's block size)
+GROUP = 32
+#: groups of 4 inputs per group (one 32-bit accumulator lane per output and quad in blocks.c)
+QUADS = GROUP // 4
+#: GGUF's block-quantised formats the kernels read, and their code in blocks.c
+BLOCK_KINDS = {"q4_1": 4, "q8_0": 8}
+
+
+def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """A block-quantised weight ``w[n, k] = scales[n, k // 32] * values[n, k] + offsets[n, k // 32]`` in the
+    layout of blocks.c: uint8 ``[ceil(N / 64), K / 32, bytes per group]``.
+
+    Args:
+        kind: ``"q4_1"`` (``values`` uint8 in 0..15, ``offsets`` float32 ``[N, K / 32]``) or ``"q8_0"``
+            (``values`` int8, ``offsets`` None).
+        values: ``[N, K]``, K a multiple of 32.
+        scales: ``[N, K / 32]`` float32.
+
+    The layout stores ``scales`` and ``offsets`` as float16, as GGUF does; ``ValueError`` when one of them is
+    not a float16 value (it would be rounded, and the product would no longer be of the weight passed).
+    """
+    if kind not in BLOCK_KINDS:
+        raise ValueError(f"kind must be one of {sorted(BLOCK_KINDS)}, got kind={kind!r}")
+    out_features, in_features = int(values.shape[0]), int(values.shape[1])
+    if in_features % GROUP:
+        raise ValueError(f"block-quantised weights need K divisible by {GROUP}, got K={in_features}")
+    groups = in_features // GROUP
+    blocks = -(-out_features // BLOCK)
+    padded = blocks * BLOCK
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(padded, *t.shape[1:], dtype=t.dtype)
+        out[:out_features] = t
+        return out
+
+    def halves(name: str, t: torch.Tensor) -> torch.Tensor:
+        """[N, G] float16-exact values -> float16 [NB, G, 64] (per block and group, one per output)"""
+        exact = t.float()
+        half = exact.half()
+        if not torch.allclose(half.float(), exact, rtol=0.0, atol=0.0, equal_nan=True):
+            raise ValueError(f"{name} must hold float16 values (GGUF's precision), got {name} that rounds")
+        return pad(half).view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+
+    # [NB, 64 outputs j, G, 8 quads, 4 inputs i] -> per (block, group): quad, output, input
+    grid = pad(values).view(blocks, BLOCK, groups, QUADS, 4)
+    scale_bytes = halves("scales", scales).view(torch.uint8)
+    if kind == "q4_1":
+        if offsets is None:
+            raise ValueError("q4_1 needs offsets (GGUF's m), got offsets=None")
+        low, high = grid[:, : BLOCK // 2].to(torch.uint8), grid[:, BLOCK // 2 :].to(torch.uint8)
+        nibbles = (low | (high << 4)).permute(0, 2, 3, 1, 4).reshape(blocks, groups, GROUP * BLOCK // 2)
+        parts = [nibbles, scale_bytes, halves("offsets", offsets).view(torch.uint8)]
+    else:
+        # stored as q + 128; blocks.c takes the offset -128 d (both kinds multiply unsigned bytes)
+        biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1, 4)
+        parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes]
+    return torch.cat([p.reshape(blocks, groups, -1) for p in parts], dim=2).contiguous()
+
+
+def group_bytes(kind: str) -> int:
+    """Bytes per block of 64 outputs and group of 32 inputs in :func:`pack_blocks`'s layout: the values, then
+    64 float16 scales and (Q4_1) 64 float16 offsets."""
+    return (GROUP * BLOCK // 2 + 2 * 2 * BLOCK) if kind == "q4_1" else (GROUP * BLOCK + 2 * BLOCK)
+
+
+def unpack_blocks(kind: str, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight (``scale * value + offset``) of a layout of :func:`pack_blocks`."""
+    blocks, groups, _ = (int(n) for n in packed.shape)
+    value_bytes = GROUP * BLOCK // 2 if kind == "q4_1" else GROUP * BLOCK
+    if kind == "q4_1":
+        nibbles = packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK // 2, 4)
+        values = torch.cat([nibbles & 15, nibbles >> 4], dim=3).float()  # [NB, G, 8 quads, 64 j, 4 i]
+    else:
+        values = (packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK, 4).to(torch.int16) - 128).float()
+    rest = packed[:, :, value_bytes:].contiguous().view(torch.float16).float().view(blocks, groups, -1, BLOCK)
+    scale = rest[:, :, 0].view(blocks, groups, 1, BLOCK, 1)
+    weight = values * scale
+    if kind == "q4_1":
+        weight = weight + rest[:, :, 1].view(blocks, groups, 1, BLOCK, 1)
+    # [NB, G, 8 quads, 64 j, 4 i] -> [NB * 64, G * 32]
+    return weight.permute(0, 3, 1, 2, 4).reshape(blocks * BLOCK, groups * GROUP)[:out_features]
