@@ -218,6 +218,11 @@ class TreeKVCache:
         none = (counts == 0).unsqueeze(1)
         source = torch.where(none, torch.zeros_like(source), source)
         target = torch.where(none, torch.zeros_like(target), target)
+        # the lean cache moves every layer's entries in one native call (the repeated tail moves above are
+        # skipped there: it moves counts[b] entries per row)
+        mover = getattr(self.cache, "move_entries", None)
+        if mover is not None and mover(source, target, counts, new_size):
+            return
         for layer in list(self.cache.layers):
             keys, values = layer.keys, layer.values
             if keys is None or keys.numel() == 0:

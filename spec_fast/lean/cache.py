@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from spec_fast.lean import native
+
 __all__ = ["LeanKVCache", "LeanLayerCache"]
 
 #: slots allocated on first use (doubled whenever a pass needs more)
@@ -129,6 +131,26 @@ class LeanKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].key_length
+
+    def move_entries(self, source: torch.Tensor, target: torch.Tensor, counts: torch.Tensor, length: int) -> bool:
+        """Per row ``b``, the entries at slots ``source[b, :counts[b]]`` moved to ``target[b, :counts[b]]`` in
+        every layer (all read before any is written), then ``length`` entries kept: one native call for the
+        whole cache (:func:`spec_fast.lean.native.move_entries`). False, with nothing done, where that call
+        cannot serve these buffers (no native library, not float32 CPU buffers of one shape); the caller then
+        moves the entries itself."""
+        if not self.layers or not native.available():
+            return False
+        buffers = [(layer._keys, layer._values) for layer in self.layers]
+        first = buffers[0][0]
+        if first is None or first.dtype != torch.float32 or first.device.type != "cpu" or any(
+                k is None or v is None or k.shape != first.shape or v.shape != first.shape
+                or not (k.is_contiguous() and v.is_contiguous()) for k, v in buffers):
+            return False
+        native.move_entries([(k, v) for k, v in buffers if k is not None and v is not None],
+                            source.contiguous(), target.contiguous(), counts.contiguous())
+        for layer in self.layers:
+            layer.key_length = layer.value_length = length
+        return True
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` entries of every layer (at most what each holds): a commit of a block

@@ -362,3 +362,41 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     free(scratch);
     return 0;
 }
+
+/* The commit of a pass's kept cache entries for rows of different lengths: in every layer l and row b, the
+ * entry at slot source[b, i] moves to slot target[b, i] for i < counts[b] (keys[l] and values[l] are
+ * [B, H_kv, capacity, D] buffers). A row's kept entries are all read before any is written (its targets may
+ * overlap its sources). One call for every layer replaces a gather and a scatter per buffer and layer in
+ * torch. Returns 0; -1 when scratch memory could not be allocated, -2 when an index is outside
+ * [0, capacity) or a count outside [0, most] (nothing is written then). */
+int64_t spec_fast_move_entries(int64_t layers, float *const *keys, float *const *values, int64_t batch,
+                               int64_t heads, int64_t capacity, int64_t dim, const int64_t *source,
+                               const int64_t *target, const int64_t *counts, int64_t most) {
+    for (int64_t b = 0; b < batch; ++b) {
+        if (counts[b] < 0 || counts[b] > most) return -2;
+        for (int64_t i = 0; i < counts[b]; ++i) {
+            const int64_t from = source[b * most + i], to = target[b * most + i];
+            if (from < 0 || from >= capacity || to < 0 || to >= capacity) return -2;
+        }
+    }
+    const size_t entry = (size_t)dim * sizeof(float);
+    float *staged = malloc((size_t)(most > 0 ? most : 1) * (size_t)heads * entry);
+    if (staged == NULL) return -1;
+    for (int64_t l = 0; l < 2 * layers; ++l) {
+        float *buffer = l < layers ? keys[l] : values[l - layers];
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t h = 0; h < heads; ++h) {
+                float *head = buffer + ((b * heads + h) * capacity) * dim;
+                for (int64_t i = 0; i < counts[b]; ++i)
+                    memcpy(staged + (h * most + i) * dim, head + source[b * most + i] * dim, entry);
+            }
+            for (int64_t h = 0; h < heads; ++h) {
+                float *head = buffer + ((b * heads + h) * capacity) * dim;
+                for (int64_t i = 0; i < counts[b]; ++i)
+                    memcpy(head + target[b * most + i] * dim, staged + (h * most + i) * dim, entry);
+            }
+        }
+    }
+    free(staged);
+    return 0;
+}

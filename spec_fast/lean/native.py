@@ -38,8 +38,8 @@ import torch
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled",
-           "group_bytes", "mm_blocks", "mm_float32", "pack_blocks", "pack_float32", "run_layer", "unavailable_reason",
-           "unpack_blocks", "unpack_float32", "using"]
+           "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer",
+           "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
 _VERSION = 7
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
@@ -185,6 +185,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
                                         i64]
         lib.spec_fast_layer.restype = i64
+        lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64]
+        lib.spec_fast_move_entries.restype = i64
     except (OSError, AttributeError) as err:
         return None, f"{path} did not load: {err}"
     return lib, ""
@@ -431,3 +433,33 @@ def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
                                      past, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), threads)
         if status != 0:
             raise MemoryError("the native decoder layer could not allocate its scratch memory")
+
+
+def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor, target: torch.Tensor,
+                 counts: torch.Tensor) -> None:
+    """In every ``(keys, values)`` of ``buffers`` (``[B, H_kv, capacity, D]`` float32 contiguous CPU buffers of
+    one shape) and row ``b``, move the entry at slot ``source[b, i]`` to slot ``target[b, i]`` for
+    ``i < counts[b]``, every kept entry of a row read before any is written (``layer.c``,
+    ``spec_fast_move_entries``). ``source, target [B, M]`` and ``counts [B]`` are int64; an index outside the
+    buffers or a count outside ``[0, M]`` is a ValueError and nothing moves."""
+    lib = _library()
+    assert lib is not None
+    if not buffers:
+        return
+    shape = tuple(buffers[0][0].shape)
+    for keys, values in buffers:
+        for name, buffer in (("keys", keys), ("values", values)):
+            _check(name, buffer, torch.float32, 4, contiguous=True, shape=shape)
+    batch, heads, capacity, dim = shape
+    _check("source", source, torch.int64, 2, contiguous=True, shape=(batch, None))
+    most = int(source.shape[1])
+    _check("target", target, torch.int64, 2, contiguous=True, shape=(batch, most))
+    _check("counts", counts, torch.int64, 1, contiguous=True, shape=(batch,))
+    key_pointers = (ctypes.c_void_p * len(buffers))(*[k.data_ptr() for k, _ in buffers])
+    value_pointers = (ctypes.c_void_p * len(buffers))(*[v.data_ptr() for _, v in buffers])
+    status = lib.spec_fast_move_entries(len(buffers), key_pointers, value_pointers, batch, heads, capacity, dim,
+                                        source.data_ptr(), target.data_ptr(), counts.data_ptr(), most)
+    if status == -2:
+        raise ValueError(f"source and target must index slots in [0, {capacity}) and counts lie in [0, {most}]")
+    if status != 0:
+        raise MemoryError("the native cache move could not allocate its scratch memory")

@@ -21,11 +21,14 @@ from spec_fast._hf_compat import cache_keyword
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.engine import SamplingParams, SpeculativeDecoder
 from spec_fast.kv_cache import TreeKVCache
+from spec_fast.lean import native
+from spec_fast.lean.model import LeanLlama
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_gpt2, tiny_llama
 
 ATOL = 1e-4
 MODELS = {"llama": tiny_llama(), "gpt2": tiny_gpt2()}
+LEAN = LeanLlama.from_hf(MODELS["llama"])
 
 
 @st.composite
@@ -123,16 +126,54 @@ def _force(path: str, patch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("path", ["chosen", "gather", "move"])
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "lean"])
 @settings(max_examples=15, deadline=None)
 @given(case=ragged_commits())
 def test_a_ragged_commit_keeps_each_rows_context_and_moves_exactly_its_kept_entries(
         name: str, path: str, case: tuple[list[list[int]], int, list[list[int]]]) -> None:
     """Both commit paths (the tail gather, and the move of only the kept entries that ragged rows take
-    when it copies less) leave row b's context alone and put block entry keep[b][i] at slot lengths[b] + i."""
+    when it copies less) leave row b's context alone and put block entry keep[b][i] at slot lengths[b] + i.
+    The lean model's cache moves them in one native call where the kernels are built (else in torch)."""
     with pytest.MonkeyPatch.context() as patch:
         _force(path, patch)
-        _check_ragged_commit(MODELS[name], *case)
+        _check_ragged_commit(LEAN if name == "lean" else MODELS[name], *case)
+
+
+def test_the_lean_cache_moves_kept_entries_natively_and_refuses_slots_outside_its_buffers() -> None:
+    if not native.available():
+        pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
+    cache = LEAN.make_tree_cache(3)
+    keys = [torch.randn(3, 2, 16, 8) for _ in cache.layers]
+    values = [torch.randn(3, 2, 16, 8) for _ in cache.layers]
+    for layer, k, v in zip(cache.layers, keys, values):
+        layer.keys, layer.values = k.clone(), v.clone()
+    # row 0 keeps entries 9, 11 at 4, 5; row 1 none; row 2 moves 10 -> 10 and 12 -> 11 (targets overlap sources)
+    source = torch.tensor([[9, 11], [0, 0], [10, 12]])
+    target = torch.tensor([[4, 5], [0, 0], [10, 11]])
+    counts = torch.tensor([2, 0, 2])
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        real = native.move_entries
+        patch.setattr(native, "move_entries", lambda *a: calls.append(1) or real(*a))
+        assert cache.move_entries(source, target, counts, 13)
+    assert calls == [1]  # one call for every layer
+    for layer, k, v in zip(cache.layers, keys, values):
+        want_k, want_v = k.clone(), v.clone()
+        for b in range(3):
+            for i in range(int(counts[b])):
+                want_k[b, :, target[b, i]] = k[b, :, source[b, i]]
+                want_v[b, :, target[b, i]] = v[b, :, source[b, i]]
+        assert layer.key_length == layer.value_length == 13
+        assert torch.equal(layer.keys, want_k[:, :, :13]) and torch.equal(layer.values, want_v[:, :, :13])
+    before = [layer.keys.clone() for layer in cache.layers]
+    for bad_source, bad_counts in ((torch.tensor([[9, 256], [0, 0], [1, 2]]), counts),  # 256 slots allocated
+                                   (torch.tensor([[9, -1], [0, 0], [1, 2]]), counts),
+                                   (source, torch.tensor([2, 0, 3]))):
+        with pytest.raises(ValueError, match="must index slots"):
+            cache.move_entries(bad_source, target, bad_counts, 13)
+    assert all(torch.equal(layer.keys, b) for layer, b in zip(cache.layers, before))  # nothing moved
+    with native.disabled():
+        assert not cache.move_entries(source, target, counts, 13)  # the caller moves them in torch
 
 
 def _check_ragged_commit(model: Any, prompts: list[list[int]], width: int, keeps: list[list[int]]) -> None:
