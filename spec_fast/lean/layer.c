@@ -146,6 +146,24 @@ static inline void exp16_shifted(float *v, float shift) {
 }
 #endif
 
+/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, element by element (each element's value depends on
+ * that element only). With AVX-512 the exponential is exp16_shifted's, 16 lanes at a time: expf, one call per
+ * element, took about a tenth of a layer's time beside its products. */
+static void silu_times(const float *gate, const float *up, int64_t size, float *out) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + LANES <= size; i += LANES) {
+        float e[LANES];
+        _mm512_storeu_ps(e, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(gate + i)));
+        exp16_shifted(e, 0.f);
+        const __m512 g = _mm512_loadu_ps(gate + i);
+        const __m512 activated = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(e)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(activated, _mm512_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < size; ++i) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+}
+
 static inline int excluded(const float *mask, int64_t j, int64_t limit) {
     return mask == NULL ? j >= limit : mask[j] <= EXCLUDED;
 }
@@ -350,9 +368,7 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     }
     for (int64_t m = 0; m < rows; ++m) {
         const float *gate = gate_up + m * 2 * inter, *up = gate + inter;
-        for (int64_t i = 0; i < inter; ++i) {
-            activated[m * inter + i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
-        }
+        silu_times(gate, up, inter, activated + m * inter);
     }
     if (linear(w->down_kind, w->down, NULL, activated, rows, inter, hidden, projected, threads) != 0) {
         free(scratch);
