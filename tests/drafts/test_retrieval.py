@@ -85,6 +85,15 @@ def test_suffix_index_finds_the_longest_match_and_its_follower_counts(
     assert list(ids) == sorted(set(ids.tolist())) and (counts > 0).all()
 
 
+def test_suffix_index_match_ends_at_a_token_its_int32_keys_cannot_hold() -> None:
+    index = SuffixIndex([[1, 2, 3, 1, 2, 4]], VOCAB, 4)
+    m, ids, counts = index.match([2**40, 1, 2])
+    want = index.match([1, 2])
+    assert m == want[0] == 2
+    np.testing.assert_array_equal(_dense(ids, counts), _dense(want[1], want[2]))
+    assert index.match([1, -2**40])[0] == 0  # no match: the unigram law
+
+
 @given(st.lists(tokens, max_size=20), st.integers(1, 6))
 def test_context_match_finds_the_longest_earlier_occurrence(context: list[int], max_match: int) -> None:
     m, ids, counts = context_match(context, max_match)
