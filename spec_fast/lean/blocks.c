@@ -34,6 +34,10 @@
 
 #define BLOCK 64
 #define PREFETCH_GROUPS 8
+/* row counts from which the VNNI path sweeps a block twice, half of its outputs at a time (block_rows_halves) */
+#ifndef HALVES_FROM
+#define HALVES_FROM 3
+#endif
 #define LANES 16
 #define VECS (BLOCK / LANES)
 #define GROUP 32
@@ -237,6 +241,76 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
         for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy + c * LANES, kept, acc[r][c]);
     }
 }
+
+/* block_rows for 3-4 rows in two sweeps over the block, each for half of its outputs (vectors c = half and
+ * half + 2: for Q4_1 the low and high nibbles of one 64-byte load per quad). One sweep for all 64 outputs
+ * holds 4 rows x 4 vectors of integer sums and as many float accumulators, the whole register file, and
+ * the compiler spilled them on every quad; a half needs 8 and 8. Every output gets exactly the integer sums
+ * and the float steps, in the same group order, of block_rows: the results are bit for bit the same. The
+ * first sweep prefetches the next groups as block_rows does; the second reads the block from the cache. */
+static inline __attribute__((always_inline)) void block_rows_halves(int kind, int rows, const int8_t *restrict xq,
+                                                                    const float *restrict dx,
+                                                                    const float *restrict sx, int64_t k_size,
+                                                                    const uint8_t *restrict packed,
+                                                                    float *restrict y, int64_t ldy, int64_t width) {
+    const int64_t groups = k_size / GROUP;
+    const int64_t quad_bytes = kind == 4 ? Q4_QUAD_BYTES : Q8_QUAD_BYTES;
+    const int64_t group_bytes = kind == 4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES;
+    const __m512i low_mask = _mm512_set1_epi8(15);
+    for (int half = 0; half < 2; ++half) {
+        __m512 acc[4][2];
+        for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t *restrict values = packed + g * group_bytes;
+            const uint8_t *restrict d = values + QUADS * quad_bytes, *restrict m = d + 2 * BLOCK;
+            __m512i sums[4][2];
+            for (int r = 0; r < rows; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+            for (int q = 0; q < QUADS; ++q) {
+                if (half == 0) {
+                    const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
+                    for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS)
+                        _mm_prefetch(ahead + line, _MM_HINT_T0);
+                }
+                const uint8_t *quad = values + q * quad_bytes;
+                __m512i u[2];
+                if (kind == 4) {
+                    const __m512i both = _mm512_loadu_si512((const void *)(quad + 64 * half));
+                    u[0] = _mm512_and_si512(both, low_mask);
+                    u[1] = _mm512_and_si512(_mm512_srli_epi16(both, 4), low_mask);
+                } else {
+                    u[0] = _mm512_loadu_si512((const void *)(quad + 64 * half));
+                    u[1] = _mm512_loadu_si512((const void *)(quad + 64 * (half + 2)));
+                }
+                for (int r = 0; r < rows; ++r) {
+                    int32_t packed_x;
+                    memcpy(&packed_x, xq + r * k_size + g * GROUP + 4 * q, 4);
+                    const __m512i xb = _mm512_set1_epi32(packed_x);
+                    sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], u[0], xb);
+                    sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], u[1], xb);
+                }
+            }
+            __m512 dc[2], mc[2];
+            for (int i = 0; i < 2; ++i) {
+                const int c = half + 2 * i;
+                dc[i] = half16(d + 2 * LANES * c);
+                mc[i] = kind == 4 ? half16(m + 2 * LANES * c) : _mm512_mul_ps(dc[i], _mm512_set1_ps(-128.f));
+            }
+            for (int r = 0; r < rows; ++r) {
+                const __m512 scale = _mm512_set1_ps(dx[r * groups + g]), shift = _mm512_set1_ps(sx[r * groups + g]);
+                for (int i = 0; i < 2; ++i) {
+                    acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(dc[i], scale), _mm512_cvtepi32_ps(sums[r][i]),
+                                                _mm512_fmadd_ps(mc[i], shift, acc[r][i]));
+                }
+            }
+        }
+        for (int i = 0; i < 2; ++i) {
+            const int c = half + 2 * i;
+            const int64_t left = width - c * LANES, lanes = left < 0 ? 0 : (left > LANES ? LANES : left);
+            const __mmask16 kept = (__mmask16)((1u << lanes) - 1u);
+            for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy + c * LANES, kept, acc[r][i]);
+        }
+    }
+}
 #else
 static inline __attribute__((always_inline)) void block_rows(int kind, int rows, const int8_t *restrict xq,
                                                              const float *restrict dx, const float *restrict sx,
@@ -282,10 +356,19 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
 #endif
 
 /* One instantiation per kind and row count, so every loop has compile-time bounds. */
+#ifdef SPEC_FAST_VNNI
+/* Q4_1 only: the Q8_0 LM head streams 28 MB from memory, and its second sweep (from the cache, half of every
+ * quad's lines) cost more than the spills it saved at 3-16 rows
+ * (bench/results/kernel_blocks_halves/both_kinds/kernel_blocks.md) */
+#define BLOCK_ROWS(KIND, R, ...)                                                                          \
+    ((KIND) == 4 && (R) >= HALVES_FROM ? block_rows_halves(KIND, R, __VA_ARGS__) : block_rows(KIND, R, __VA_ARGS__))
+#else
+#define BLOCK_ROWS(KIND, R, ...) block_rows(KIND, R, __VA_ARGS__)
+#endif
 #define ROWS(KIND, R)                                                                                     \
     static void rows_##KIND##_##R(const int8_t *xq, const float *dx, const float *sx, int64_t k_size,     \
                                   const uint8_t *w, float *y, int64_t ldy, int64_t width) {               \
-        block_rows(KIND, R, xq, dx, sx, k_size, w, y, ldy, width);                                        \
+        BLOCK_ROWS(KIND, R, xq, dx, sx, k_size, w, y, ldy, width);                                        \
     }
 ROWS(4, 1)
 ROWS(4, 2)
