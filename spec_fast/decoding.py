@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_fast._sampling import first_max_index
+
 __all__ = ["decoding_operator", "SamplingParams", "sampling_probs"]
 
 
@@ -104,7 +106,7 @@ def decoding_operator(
     top_k = top_k.to(device=device, dtype=torch.int64)
     top_p = top_p.to(device=device, dtype=torch.float64)
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)  # [B, 1]
-    greedy_token = torch.argmax(raw, dim=1, keepdim=True)  # [B, 1], first maximum
+    greedy_token = first_max_index(raw, dim=1, keepdim=True)  # [B, 1], first maximum
 
     if filtered:
         probs = torch.softmax(_filtered_z(raw, safe_t, top_k, top_p), dim=1)

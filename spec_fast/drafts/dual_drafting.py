@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import DraftBatch, DraftLaw, HeadTrack, cap_rows, draft_root_only, pending_forward
 from spec_fast.drafts.dual import (
@@ -86,7 +87,7 @@ class TopChain:
 
     def _take(self) -> None:
         q = torch.softmax(self.logits[:, 0].float(), dim=-1)  # [B, V]
-        token = q.argmax(dim=-1)  # first maximum: the lowest id on ties
+        token = first_max_index(q)  # first maximum: the lowest id on ties
         self.tokens.append(token)
         self.probs.append(torch.gather(q, 1, token.unsqueeze(1)).squeeze(1))
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec_fast._sampling import _inverse_cdf
+from spec_fast._sampling import _inverse_cdf, first_max_index
 from spec_fast.verify.tree import Verified
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams, sampling_probs
@@ -138,7 +138,7 @@ def draft_law(samplings: Sequence[SamplingParams] | SamplingParams, chain: bool)
             return lambda logits: sampling_probs(logits, sampling)
         if chain:
             return lambda logits: torch.zeros_like(logits, dtype=torch.float32).scatter_(
-                -1, logits.argmax(-1, keepdim=True), 1.0)
+                -1, first_max_index(logits, keepdim=True), 1.0)
         return lambda logits: torch.softmax(logits.float(), dim=-1)
 
     if isinstance(samplings, SamplingParams):

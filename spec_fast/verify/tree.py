@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from spec_fast._sampling import _Rows
+from spec_fast._sampling import _Rows, first_max_index
 from spec_fast._validate import check_probabilities, check_token_ids, check_uniforms
 from spec_fast.flat_tree import FlatTree
 from spec_fast.verify.single_path import _bv_driver, _tree_mc_driver
@@ -270,7 +270,7 @@ def _greedy_driver(tree: FlatTree, target_scores: Tensor, max_depth: int) -> tup
     the lowest slot. With children merged by token there is one such path; on a merged dual tree whose
     heads both proposed a token this is the longest match over both subtrees, ties to head 1 (lower slots),
     as :func:`spec_ref.dual.verify_merged_greedy`. One pass of tensor ops per depth, no host reads."""
-    best = target_scores.argmax(dim=-1)  # [B, N], first maximum = lowest id
+    best = first_max_index(target_scores)  # [B, N], first maximum = lowest id
     parent = tree.parents.clamp(min=0)
     matches = tree.valid & (tree.parents >= 0) & (tree.tokens == torch.gather(best, 1, parent))
     accepted = tree.parents < 0  # the root (and padding, which no valid node has as parent)
