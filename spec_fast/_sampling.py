@@ -21,9 +21,9 @@ F64 = torch.float64
 
 def first_max_index(values: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """``torch.argmax(values, dim, keepdim)``: the index of the first maximum (the lowest on ties; a NaN counts
-    as the maximum). On the CPU it is read from ``torch.max(dim)``, whose indices follow the same rules, in
-    about a third of argmax's time there on one thread (a ``[4, 49152]`` row block: 87 against 269 us, which
-    a batched decoding step paid for its greedy rows); elsewhere it is ``torch.argmax``."""
+    as the maximum). On the CPU it is read from ``torch.max(dim)``, whose indices follow the same rules and
+    which takes a fraction of argmax's time there on one thread (argmax over a batch's ``[B, V]`` logits was
+    a visible part of a greedy decoding step); elsewhere it is ``torch.argmax``."""
     if values.device.type == "cpu":
         return values.max(dim=dim, keepdim=keepdim).indices
     return values.argmax(dim=dim, keepdim=keepdim)

@@ -147,8 +147,8 @@ static inline void exp16_shifted(float *v, float shift) {
 #endif
 
 /* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, element by element (each element's value depends on
- * that element only). With AVX-512 the exponential is exp16_shifted's, 16 lanes at a time: expf, one call per
- * element, took about a tenth of a layer's time beside its products. */
+ * that element only). With AVX-512 the exponential is exp16_shifted's, 16 lanes at a time, instead of one expf
+ * call per element through the PLT. */
 static void silu_times(const float *gate, const float *up, int64_t size, float *out) {
     int64_t i = 0;
 #if defined(__AVX512F__)
@@ -171,8 +171,8 @@ static inline int excluded(const float *mask, int64_t j, int64_t limit) {
 /* o [dim] = inverse * sum over the attended slots j, in slot order, of p[j] v_j (dim a multiple of 16, at most
  * MAX_DIM). Each step is one fused multiply-add per lane, acc = p[j] v + acc. With AVX-512 the sums stay in
  * registers: a generic vector loop here kept them in memory and re-read each value through a stack copy
- * whose two 32-byte stores a 64-byte load could not forward from, which made this loop three quarters of the
- * attention's time. */
+ * whose two 32-byte stores a 64-byte load could not forward from, which made this loop most of the attention's
+ * time in a profile of decoding. */
 static inline __attribute__((always_inline)) void weighted_sum(const float *p, const float *values, int64_t slots,
                                                                const float *mask, int64_t limit, int64_t dim,
                                                                float inverse, float *o) {
