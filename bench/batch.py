@@ -6,7 +6,7 @@ ending at the end-of-sequence token or after ``--max-new-tokens`` tokens, throug
 one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; request i arrives before engine
 step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
 and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
-the measured pass cost, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
+the measured cost of a step, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
 arrival to the last finish; TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
 output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
 run interleaved cell by cell, so their ratios are measured side by side; every greedy request's tokens are
@@ -33,6 +33,7 @@ from bench._git import git_commit  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
+from spec_fast.engine.batch_depth import measure_pass_cost  # noqa: E402
 from spec_fast.engine.batch_engine import BatchEngine  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from bench.workloads import HELDOUT  # noqa: E402
@@ -106,15 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT["chat"][: max(args.concurrency)]]
     alone: dict[int, list[int]] = {}
     pass_costs: dict[int, dict[str, float]] = {}
+    step_costs: dict[int, dict[str, float]] = {}
     rows: list[dict[str, Any]] = []
     identical = True
     for threads in args.threads:
         torch.set_num_threads(threads)
         run_cell(plain_decoder, prompts[:2], 4, 1)  # warm-up
-        # measured once per thread count, before the timed cells; reported as what sets the batching ceiling
-        costs = speculative.pass_cost().seconds
+        # measured once per thread count, before the timed cells: the target pass (what sets the batching
+        # ceiling) and the whole step by depth (the table the batch-aware default reads)
+        costs = measure_pass_cost(speculative.target, speculative.device).seconds
         pass_costs[threads] = {f"{r}x{t}": costs[(r, t)] / costs[(1, 1)] for r, t in sorted(costs)}
         pass_costs[threads]["one row, one token (ms)"] = 1000 * costs[(1, 1)]
+        steps = speculative.step_cost().seconds
+        step_costs[threads] = {f"{r} rows, depth {t - 1}": 1000 * steps[(r, t)] for r, t in sorted(steps)}
         for concurrency in args.concurrency:
             for name, decoder in configurations.items():
                 load = os.getloadavg()[0]
@@ -146,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
                                                    f"{max(r['load_average_before'] for r in rows):.1f}",
         "target pass cost, rows x tokens per row, relative to one row of one token "
-        "(spec_fast.engine.batch_depth.measure_pass_cost, the table the batch-aware default reads)":
+        "(spec_fast.engine.batch_depth.measure_pass_cost)":
             "; ".join(f"{threads} thread(s): " + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
                       for threads, table in pass_costs.items()),
+        "ms of one decoding step of the default by rows and draft depth "
+        "(spec_fast.engine.batch_depth.measure_step_cost, the table the batch-aware default reads)":
+            "; ".join(f"{threads} thread(s): " + ", ".join(f"{k} {v:.1f}" for k, v in table.items())
+                      for threads, table in step_costs.items()),
     }
     table = ["| threads | requests | configuration | tok/s | x one at a time | x plain | TTFT p50 / p95 (s) | "
              "TPOT p50 / p95 (ms) | accepted/step | load |", "|---|---|---|---|---|---|---|---|---|---|"]

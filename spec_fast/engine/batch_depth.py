@@ -1,11 +1,13 @@
-"""Speculation that knows the batch: each step's draft depth from the batch's size and a measured pass cost.
+"""Speculation that knows the batch: each step's draft depth from the batch's size and a measured step cost.
 
 Speculative decoding pays while a target pass is memory-bound (reading the weights dominates, so a few
-more tokens per row cost little) and loses once the batch already fills the pass. :class:`PassCost` holds
-the measured seconds of one target pass over ``rows`` rows of ``tokens`` entries each
-(:func:`measure_pass_cost`: the engine's own cache, behind a context of ``context`` tokens, the median of a
-few timed passes, measured once per decoder). Each step, :func:`choose_depth` picks the depth ``d`` in
-``0 .. max depth`` that maximises the expected tokens per second of the whole batch,
+more tokens per row cost little) and loses once the batch already fills the pass, or once drafting and
+verification cost more than the extra tokens save. :class:`PassCost` holds measured seconds by ``rows`` and
+``tokens`` entries per row: of one target pass (:func:`measure_pass_cost`: the engine's own cache, behind a
+context of ``context`` tokens, the median of a few timed passes) or, what the engine's cost policy reads,
+of one whole decoding step at draft depth ``tokens - 1`` (:func:`measure_step_cost`: drafting, the pass,
+verification and the commit, measured once per decoder and thread count). Each step, :func:`choose_depth`
+picks the depth ``d`` in ``0 .. max depth`` that maximises the expected tokens per second of the whole batch,
 
     rows * E_d / cost(rows, d + 1),    E_d = 1 + sum_{k=1..d} prod_{j=1..k} a_j,
 
@@ -13,8 +15,8 @@ where ``a_j`` is the batch's running acceptance rate at depth ``j`` (accepted / 
 far of this running batch, with ``PRIOR_WEIGHT`` pseudo-steps at ``PRIOR_ACCEPTANCE``); ``d = 0`` is a plain
 step. The choice is made before any draw of the step and is a function of the measured table and the
 batch's committed history only, so the output law of every request is the target's and a seeded run is
-reproducible for the same arrival schedule and table (docs/engine.md section 10). Drafting itself is not
-priced: the default draft (retrieval) costs no model pass.
+reproducible for the same arrival schedule and table (docs/engine.md section 10). Steps are timed with
+greedy rows: a sampled step's verification costs more than the table says.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any
 
 import torch
 
+from spec_fast.decoding import SamplingParams
 from spec_fast.kv_cache import TreeKVCache
 
-__all__ = ["PassCost", "measure_pass_cost", "choose_depth", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT"]
+__all__ = ["PassCost", "measure_pass_cost", "measure_step_cost", "choose_depth", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT"]
 
 #: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
 PRIOR_ACCEPTANCE = 0.5
@@ -87,6 +90,43 @@ def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (
                     cache.commit(torch.zeros(batch, 1, dtype=torch.long, device=device),
                                  torch.zeros(batch, dtype=torch.long, device=device), True)
                 seconds[(batch, width)] = statistics.median(times)
+    return PassCost(seconds)
+
+
+def forcing(depth: int, max_depth: int) -> PassCost:
+    """A table under which :func:`choose_depth` picks ``depth`` at any row count and history (every other
+    width costs far more): how :func:`measure_step_cost` steps a decoder at a given depth."""
+    return PassCost({(1, t): 1.0 if t == depth + 1 else 1e30 for t in range(1, max_depth + 2)})
+
+
+def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2, 4, 8), context: int = 64,
+                      repeats: int = 3) -> PassCost:
+    """Seconds of one whole step of ``decoder`` (a :class:`~spec_fast.engine.decoder.SpeculativeDecoder`:
+    drafting, the target pass, verification and the commit) over ``rows`` greedy rows behind ``context``
+    random prompt tokens, at each draft depth ``0 .. max_depth``, keyed ``(rows, depth + 1)``; each point is
+    the median of ``repeats`` steps after one untimed step. The pass table alone leaves out what drafting and
+    verification add to a step, so a policy reading it drafts where that does not pay. The steps run on a throwaway state without the
+    decoder's ``+adaptive`` controller, which they would otherwise teach."""
+    target = decoder.target
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    generator = torch.Generator().manual_seed(0)
+    seconds: dict[tuple[int, int], float] = {}
+    with torch.no_grad():
+        for batch in rows:
+            prompts = torch.randint(0, vocab, (batch, context), generator=generator).tolist()
+            state = decoder.begin(prompts, [1 << 30] * batch, [SamplingParams()] * batch, list(range(batch)), set())
+            state.controller = None
+            for depth in range(max_depth + 1):
+                state.step_cost = forcing(depth, max_depth)
+                times = []
+                for repeat in range(repeats + 1):
+                    start = time.perf_counter()
+                    decoder.step(state)
+                    if decoder.device.type == "cuda":
+                        torch.cuda.synchronize(decoder.device)
+                    if repeat > 0:
+                        times.append(time.perf_counter() - start)
+                seconds[(batch, depth + 1)] = statistics.median(times)
     return PassCost(seconds)
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["BatchEngine", "StepDecoder", "RequestOutput", "RequestStats", "QueueFullError", "FINISH_REASONS",
            "DEPTH_POLICIES"]
 
-#: ``cost``: each step's draft depth from the batch's size and the measured pass cost
+#: ``cost``: each step's draft depth from the batch's size and the measured cost of a step
 #: (:mod:`spec_fast.engine.batch_depth`); ``fixed``: the strategy's depth (a seeded request's output is then the
 #: same whatever shares its batch)
 DEPTH_POLICIES = ("cost", "fixed")
@@ -67,7 +67,7 @@ class StepDecoder(Protocol):
 
     def step(self, st: DecodeState) -> list[list[int]]: ...
 
-    def pass_cost(self) -> PassCost: ...
+    def step_cost(self) -> PassCost: ...
 
 
 class QueueFullError(RuntimeError):
@@ -330,7 +330,7 @@ class BatchEngine:
                                      [r.sampling for r in admitted], [r.stream for r in admitted], self.eos,
                                      self.record_trees)
         if self.depth_policy == "cost" and self.decoder.strategy.drafts:
-            joining.pass_cost = self.decoder.pass_cost()
+            joining.step_cost = self.decoder.step_cost()
         if self.state is None:
             self.state = joining
         else:

@@ -61,9 +61,9 @@ class DecodeState:
     root_hidden: torch.Tensor | None = None
     steps: int = 0
     trees: list[FlatTree] | None = None
-    #: set: each step's depth is chosen from the batch's size and this measured cost
-    #: (:func:`spec_fast.engine.batch_depth.choose_depth`); None: the strategy's depth
-    pass_cost: PassCost | None = None
+    #: set: each step's depth is chosen from the batch's size and this measured cost of a step by rows and
+    #: depth (:func:`spec_fast.engine.batch_depth.choose_depth`); None: the strategy's depth
+    step_cost: PassCost | None = None
     #: this step's deepest draft per row (:meth:`spec_fast.engine.SpeculativeDecoder.depth_caps`)
     depth_caps: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)

@@ -48,7 +48,7 @@ from spec_fast.drafts.dual import DualDraft, DualDrafter
 from spec_fast.drafts.model import Drafter
 from spec_fast.draws import DRAFT, VERIFY, stream_keys
 from spec_fast.engine.adaptive import AdaptiveController, match_hint
-from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_cost
+from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_cost, measure_step_cost
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.engine.decode_state import DecodeState
@@ -106,18 +106,21 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         #: ``+adaptive`` controller for greedy calls, kept across calls (it never changes greedy tokens)
         self.controller = AdaptiveController() if strategy.adaptive else None
-        self._pass_costs: dict[int, PassCost] = {}
+        self._step_costs: dict[int, PassCost] = {}
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
         )
 
-    def pass_cost(self) -> PassCost:
-        """The target's measured pass cost by (rows, tokens per row) (:mod:`spec_fast.engine.batch_depth`), measured
-        on first use at the current torch thread count (a few seconds) and kept."""
+    def step_cost(self) -> PassCost:
+        """The measured cost of one decoding step by (rows, draft depth + 1) that the ``cost`` depth policy reads
+        (:func:`spec_fast.engine.batch_depth.measure_step_cost`; without drafts, the target pass's cost by rows
+        and tokens, :func:`~spec_fast.engine.batch_depth.measure_pass_cost`), measured on first use at the
+        current torch thread count (a few seconds) and kept."""
         threads = torch.get_num_threads()
-        if threads not in self._pass_costs:
-            self._pass_costs[threads] = measure_pass_cost(self.target, self.device)
-        return self._pass_costs[threads]
+        if threads not in self._step_costs:
+            self._step_costs[threads] = (measure_step_cost(self, self.strategy.depth) if self.strategy.drafts
+                                         else measure_pass_cost(self.target, self.device))
+        return self._step_costs[threads]
 
     @property
     def dual(self) -> DualDrafter | None:
@@ -260,10 +263,10 @@ class SpeculativeDecoder:
     def depth_caps(self, st: DecodeState) -> list[int]:
         """Row b's deepest draft this step: the strategy's depth, less where the row may emit fewer tokens
         (a function of the row alone, so its tree does not depend on its neighbours); with
-        ``st.pass_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch."""
+        ``st.step_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch."""
         depth = self.strategy.depth
-        if st.pass_cost is not None and self.strategy.drafts:
-            depth = choose_depth(st.pass_cost, sum(st.active), depth, st.metrics.depth_reached,
+        if st.step_cost is not None and self.strategy.drafts:
+            depth = choose_depth(st.step_cost, sum(st.active), depth, st.metrics.depth_reached,
                                  st.metrics.depth_accepted)
         return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
                 for b in range(st.batch_size)]

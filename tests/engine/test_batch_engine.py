@@ -288,6 +288,35 @@ def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch
     assert seen[1:] == [[-1, 0, 0, 1, 1] if tree else [-1, 0, 1, 2, 3]] * 2  # warm-up and timed pass
 
 
+@pytest.mark.parametrize("strategy", ["chain:3", "topk:2,2,4", "dynatree"])
+def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controller_alone(
+        strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec_fast.engine.batch_depth import choose_depth, forcing, measure_step_cost
+
+    decoder = decoder_for(strategy + "+adaptive")
+    depth = decoder.strategy.depth
+    # the forcing table makes the policy pick exactly the asked depth, whatever the rows and history
+    for d in range(depth + 1):
+        assert all(choose_depth(forcing(d, depth), rows, depth, [5] * depth, [r] * depth) == d
+                   for rows in (1, 3, 8) for r in (0, 5))
+    caps: list[int] = []
+    step = SpeculativeDecoder.step
+
+    def recording(self: SpeculativeDecoder, st: DecodeState) -> list[list[int]]:
+        caps.append(max(self.depth_caps(st)))
+        return step(self, st)
+
+    monkeypatch.setattr(SpeculativeDecoder, "step", recording)
+    before = decoder.controller.__dict__.copy() if decoder.controller is not None else None
+    cost = measure_step_cost(decoder, depth, rows=(1, 3), context=6, repeats=2)
+    assert set(cost.seconds) == {(r, d + 1) for r in (1, 3) for d in range(depth + 1)}
+    assert all(seconds > 0 for seconds in cost.seconds.values())
+    assert caps == [d for _ in (1, 3) for d in range(depth + 1) for _ in range(3)]  # 1 untimed + 2 timed each
+    if before is not None:  # the timing steps ran without the decoder's +adaptive controller
+        assert decoder.controller.__dict__ == before
+    assert decoder.step_cost() is decoder.step_cost()  # measured once per thread count
+
+
 def test_with_the_cost_policy_greedy_requests_decode_as_alone_and_a_seeded_schedule_repeats() -> None:
     decoder = decoder_for("chain:3")
     arrivals = schedule(seed=9, sampled=True, greedy=True)
