@@ -302,8 +302,9 @@ def huge_page_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     aligned; elsewhere, or where the request fails, the same copies on ordinary pages.
 
     A decoding pass streams every packed weight once: on 4 KiB pages that is a TLB miss every 4 KiB of a
-    100 MB model, and the products over a whole model ran 28-38% faster from huge pages (the products of
-    30 SmolLM2 layers, 1 and 4 rows, 1 thread)."""
+    100 MB model. The products of 30 SmolLM2 layers (1 and 4 rows, 1 thread) ran faster from huge pages in
+    a measurement that was not committed; the committed effect is inside the before/after pass costs of
+    ``bench/results/target_cost_gguf/run2/``."""
     sizes = [int(t.numel()) * t.element_size() for t in tensors]
     offsets, total = [], 0
     for size in sizes:
