@@ -202,8 +202,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "DynaTree branching takes tied children highest id first", fast=True),
     # ------------------------------------------------------------------ native matrix products (spec_fast/lean)
     _m("native-block-offset-subtracted", "spec_fast/lean/blocks.c",
-       "_mm512_fmadd_ps(mc[c], shift, acc[r][c]));",
-       "_mm512_fnmadd_ps(mc[c], shift, acc[r][c]));",
+       "_mm512_fmadd_ps(mc, shift, acc));",
+       "_mm512_fnmadd_ps(mc, shift, acc));",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
        "block weights decoded as d q - m instead of the file's d q + m (Q4_1; Q8_0's stored bias added, not removed)"),
     _m("native-f32-last-input-dropped", "spec_fast/lean/kernels.c",

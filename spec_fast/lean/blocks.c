@@ -147,17 +147,6 @@ static inline void quad_weights(int kind, const uint8_t *p, quad_weights_t u) {
         for (int c = 0; c < VECS; ++c) u[c] = _mm512_loadu_si512((const void *)(p + 64 * c));
     }
 }
-static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 sums[VECS]) {
-    int32_t packed;
-    memcpy(&packed, xq4, 4);
-    const __m512i xb = _mm512_set1_epi32(packed);
-    for (int c = 0; c < VECS; ++c) {
-        __m512i s;
-        memcpy(&s, &sums[c], sizeof(s));
-        s = _mm512_dpbusd_epi32(s, u[c], xb);
-        memcpy(&sums[c], &s, sizeof(s));
-    }
-}
 #else
 typedef uint8_t quad_weights_t[VECS][64];
 static inline void quad_weights(int kind, const uint8_t *p, quad_weights_t u) {
@@ -181,6 +170,42 @@ static inline void quad_dot(const quad_weights_t u, const int8_t *xq4, i32x16 su
 /* 16 float16 at p as float32 (exact) */
 static inline __m512 half16(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+/* The weights stream from memory once per pass: quad q of a group asks for its share of the cache lines of
+ * the group PREFETCH_GROUPS ahead (into the next block at the end of this one), so that each line is asked
+ * for once and the reads overlap the dot products (distances of 2 to 20 groups tried on whole decoding
+ * passes: 8 was best; a prefetch past the end of the weight never faults). */
+static inline void prefetch_ahead(const uint8_t *values, int64_t group_bytes, int q) {
+    const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
+    for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
+/* The 4 activation bytes of quad q of a row, broadcast to every 32-bit lane */
+static inline __m512i activation_quad(const int8_t *xq4) {
+    int32_t packed;
+    memcpy(&packed, xq4, 4);
+    return _mm512_set1_epi32(packed);
+}
+
+/* The scales d and offsets m of outputs 16 c .. 16 c + 15 of a group (float16 in the layout; Q8_0's
+ * m = -128 d, exact) */
+static inline void output_scales(int kind, const uint8_t *d, const uint8_t *m, int c, __m512 *dc, __m512 *mc) {
+    *dc = half16(d + 2 * LANES * c);
+    *mc = kind == 4 ? half16(m + 2 * LANES * c) : _mm512_mul_ps(*dc, _mm512_set1_ps(-128.f));
+}
+
+/* One group's float step of a row, acc = (d dx) float(sum) + (m sx + acc), in this one fixed order for every
+ * row count and both sweeps of block_rows_halves: what keeps rows independent */
+static inline __m512 group_step(__m512 acc, __m512 dc, __m512 mc, __m512 scale, __m512 shift, __m512i sums) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(dc, scale), _mm512_cvtepi32_ps(sums), _mm512_fmadd_ps(mc, shift, acc));
+}
+
+/* Stores 16 outputs from output 16 c of a block whose first `width` outputs are written (the lanes past
+ * width masked off: a copy through a stack buffer was a memcpy call) */
+static inline void store_outputs(float *y, int c, int64_t width, __m512 values) {
+    const int64_t left = width - c * LANES, lanes = left < 0 ? 0 : (left > LANES ? LANES : left);
+    _mm512_mask_storeu_ps(y + c * LANES, (__mmask16)((1u << lanes) - 1u), values);
 }
 
 /* The VNNI path keeps a group's integer sums and the float accumulators in registers and loads the scales
@@ -207,39 +232,22 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
             for (int c = 0; c < VECS; ++c) sums[r][c] = _mm512_setzero_si512();
         for (int q = 0; q < QUADS; ++q) {
             quad_weights_t u;
-            /* the weights stream from memory once per pass: ask for the group PREFETCH_GROUPS ahead (into
-             * the next block at the end of this one), each of its cache lines once, spread over the quads, so
-             * the reads overlap the dot products (distances of 2 to 20 groups tried on whole decoding passes:
-             * 8 was best; a prefetch past the end of the weight never faults) */
-            const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
-            for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, _MM_HINT_T0);
+            prefetch_ahead(values, group_bytes, q);
             quad_weights(kind, values + q * quad_bytes, u);
             for (int r = 0; r < rows; ++r) {
-                int32_t packed_x;
-                memcpy(&packed_x, xq + r * k_size + g * GROUP + 4 * q, 4);
-                const __m512i xb = _mm512_set1_epi32(packed_x);
+                const __m512i xb = activation_quad(xq + r * k_size + g * GROUP + 4 * q);
                 for (int c = 0; c < VECS; ++c) sums[r][c] = _mm512_dpbusd_epi32(sums[r][c], u[c], xb);
             }
         }
         __m512 dc[VECS], mc[VECS];
-        for (int c = 0; c < VECS; ++c) {
-            dc[c] = half16(d + 2 * LANES * c);
-            mc[c] = kind == 4 ? half16(m + 2 * LANES * c) : _mm512_mul_ps(dc[c], _mm512_set1_ps(-128.f));
-        }
+        for (int c = 0; c < VECS; ++c) output_scales(kind, d, m, c, &dc[c], &mc[c]);
         for (int r = 0; r < rows; ++r) {
             const __m512 scale = _mm512_set1_ps(dx[r * groups + g]), shift = _mm512_set1_ps(sx[r * groups + g]);
-            for (int c = 0; c < VECS; ++c) {
-                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dc[c], scale), _mm512_cvtepi32_ps(sums[r][c]),
-                                            _mm512_fmadd_ps(mc[c], shift, acc[r][c]));
-            }
+            for (int c = 0; c < VECS; ++c) acc[r][c] = group_step(acc[r][c], dc[c], mc[c], scale, shift, sums[r][c]);
         }
     }
-    /* straight to y, the lanes past width masked off (a copy through a stack buffer was a memcpy call) */
-    for (int c = 0; c < VECS; ++c) {
-        const int64_t left = width - c * LANES, lanes = left < 0 ? 0 : (left > LANES ? LANES : left);
-        const __mmask16 kept = (__mmask16)((1u << lanes) - 1u);
-        for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy + c * LANES, kept, acc[r][c]);
-    }
+    for (int c = 0; c < VECS; ++c)
+        for (int r = 0; r < rows; ++r) store_outputs(y + r * ldy, c, width, acc[r][c]);
 }
 
 /* block_rows for 3-4 rows in two sweeps over the block, each for half of its outputs (vectors c = half and
@@ -266,11 +274,7 @@ static inline __attribute__((always_inline)) void block_rows_halves(int kind, in
             __m512i sums[4][2];
             for (int r = 0; r < rows; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
             for (int q = 0; q < QUADS; ++q) {
-                if (half == 0) {
-                    const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
-                    for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS)
-                        _mm_prefetch(ahead + line, _MM_HINT_T0);
-                }
+                if (half == 0) prefetch_ahead(values, group_bytes, q);
                 const uint8_t *quad = values + q * quad_bytes;
                 __m512i u[2];
                 if (kind == 4) {
@@ -282,33 +286,20 @@ static inline __attribute__((always_inline)) void block_rows_halves(int kind, in
                     u[1] = _mm512_loadu_si512((const void *)(quad + 64 * (half + 2)));
                 }
                 for (int r = 0; r < rows; ++r) {
-                    int32_t packed_x;
-                    memcpy(&packed_x, xq + r * k_size + g * GROUP + 4 * q, 4);
-                    const __m512i xb = _mm512_set1_epi32(packed_x);
+                    const __m512i xb = activation_quad(xq + r * k_size + g * GROUP + 4 * q);
                     sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], u[0], xb);
                     sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], u[1], xb);
                 }
             }
             __m512 dc[2], mc[2];
-            for (int i = 0; i < 2; ++i) {
-                const int c = half + 2 * i;
-                dc[i] = half16(d + 2 * LANES * c);
-                mc[i] = kind == 4 ? half16(m + 2 * LANES * c) : _mm512_mul_ps(dc[i], _mm512_set1_ps(-128.f));
-            }
+            for (int i = 0; i < 2; ++i) output_scales(kind, d, m, half + 2 * i, &dc[i], &mc[i]);
             for (int r = 0; r < rows; ++r) {
                 const __m512 scale = _mm512_set1_ps(dx[r * groups + g]), shift = _mm512_set1_ps(sx[r * groups + g]);
-                for (int i = 0; i < 2; ++i) {
-                    acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(dc[i], scale), _mm512_cvtepi32_ps(sums[r][i]),
-                                                _mm512_fmadd_ps(mc[i], shift, acc[r][i]));
-                }
+                for (int i = 0; i < 2; ++i) acc[r][i] = group_step(acc[r][i], dc[i], mc[i], scale, shift, sums[r][i]);
             }
         }
-        for (int i = 0; i < 2; ++i) {
-            const int c = half + 2 * i;
-            const int64_t left = width - c * LANES, lanes = left < 0 ? 0 : (left > LANES ? LANES : left);
-            const __mmask16 kept = (__mmask16)((1u << lanes) - 1u);
-            for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy + c * LANES, kept, acc[r][i]);
-        }
+        for (int i = 0; i < 2; ++i)
+            for (int r = 0; r < rows; ++r) store_outputs(y + r * ldy, half + 2 * i, width, acc[r][i]);
     }
 }
 #else
