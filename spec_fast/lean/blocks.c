@@ -175,8 +175,10 @@ static inline __m512 half16(const uint8_t *p) {
 /* The weights stream from memory once per pass: quad q of a group asks for its share of the cache lines of
  * the group PREFETCH_GROUPS ahead (into the next block at the end of this one), so that each line is asked
  * for once and the reads overlap the dot products (distances of 2 to 20 groups tried on whole decoding
- * passes: 8 was best; a prefetch past the end of the weight never faults). */
-static inline void prefetch_ahead(const uint8_t *values, int64_t group_bytes, int q) {
+ * passes: 8 was best; a prefetch past the end of the weight never faults). Always inlined: GCC counts a
+ * prefetch as no side effect, so to it a function of prefetches alone is "const", and it deletes every
+ * call (tests/engine/test_native_boundary.py checks the generated code of every block product). */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *values, int64_t group_bytes, int q) {
     const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
     for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, _MM_HINT_T0);
 }
