@@ -231,6 +231,12 @@ CATALOGUE: tuple[Mutant, ...] = (
        "_mm512_srli_epi16(both, 4)", "_mm512_srli_epi16(both, 3)",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
        "the two-sweep Q4_1 product of 3-4 rows reads the high nibbles one bit off"),
+    _m("native-prefetch-helper-not-inlined", "spec_fast/lean/blocks.c",
+       "static inline __attribute__((always_inline)) void prefetch_ahead(",
+       "static inline void prefetch_ahead(",
+       ("tests/engine/test_native_boundary.py::test_the_vector_block_products_prefetch_their_weights",),
+       "the weights' prefetch helper left to GCC's inliner, which deletes its calls: every result the same, "
+       "the passes slower"),
     _m("native-move-entries-drops-last", "spec_fast/lean/layer.c",
        "for (int64_t i = 0; i < counts[b]; ++i)\n                    memcpy(head + target",
        "for (int64_t i = 0; i + 1 < counts[b]; ++i)\n                    memcpy(head + target",
