@@ -37,11 +37,11 @@ import torch
 
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "available", "build", "disabled",
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available", "build", "disabled",
            "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer",
            "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 7
+_VERSION = 8
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -180,6 +180,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_mm_f32.restype = None
         lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_blocks.restype = i64
+        lib.spec_fast_block_products.argtypes = [i64]
+        lib.spec_fast_block_products.restype = i64
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
@@ -346,6 +348,17 @@ def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: in
     if status != 0:
         raise MemoryError("the native block product could not allocate its scratch memory")
     return out
+
+
+def amx(enabled: bool | None = None) -> bool:
+    """Whether block products run each whole chunk of 16 rows on AMX tiles (blocks.c: a prefill, a wide
+    pass); ``enabled`` switches that on or off first, for the whole process (not thread-safe; tests and
+    benchmarks compare both). The results are the same bit for bit either way: only the speed differs. False
+    where the build or the CPU lacks AMX or the kernel refuses the process its tile registers."""
+    lib = _library()
+    if lib is None:
+        return False
+    return bool(lib.spec_fast_block_products(-1 if enabled is None else int(enabled)))
 
 
 class LayerWeights(ctypes.Structure):

@@ -281,3 +281,45 @@ def test_the_vector_block_products_prefetch_their_weights() -> None:
     assert all("vpdpbusd" in body for body in products.values())
     missing = sorted(name for name, body in products.items() if "prefetcht0" not in body)
     assert not missing, f"no prefetch in {missing}"
+
+
+def _random_block_weight(kind: str, out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    groups = in_features // native.GROUP
+    scales = (torch.rand(out_features, groups, generator=gen) * 0.01).half().float()
+    if kind == "q4_1":
+        values = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=gen)
+        offsets = (torch.rand(out_features, groups, generator=gen) * -0.05).half().float()
+        return native.pack_blocks(kind, values, scales, offsets)
+    values = torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8, generator=gen)
+    return native.pack_blocks(kind, values, scales, None)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_amx_tiles_compute_what_the_vector_products_compute(kind: str, threads: int) -> None:
+    # Whole chunks of 16 rows run on AMX tiles where the CPU and kernel allow them; the integer sums and float
+    # steps are the same, so every bit must be.
+    require_native()
+    if not native.amx():
+        pytest.skip("this CPU, build or kernel has no AMX tiles")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(7)
+        for out_features, in_features in [(64, 32), (130, 96), (576, 1536)]:
+            packed = _random_block_weight(kind, out_features, in_features, out_features + in_features)
+            for rows in (16, 17, 35, 48):
+                x = torch.randn(rows, in_features, generator=gen) * 4
+                x[1, :7] = 0.0
+                x[2] *= 1e30
+                native.amx(False)
+                vector = native.mm_blocks(kind, x, packed, out_features)
+                native.amx(True)
+                tiles = native.mm_blocks(kind, x, packed, out_features)
+                assert torch.equal(tiles.view(torch.int32), vector.view(torch.int32)), (out_features, in_features, rows)
+                # a row within a chunk of tiles gets what it gets alone (one row never uses them)
+                assert torch.equal(native.mm_blocks(kind, x[5:6], packed, out_features), tiles[5:6])
+    finally:
+        native.amx(True)
+        torch.set_num_threads(saved)
