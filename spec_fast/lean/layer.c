@@ -54,6 +54,11 @@ typedef struct {
 #define MAX_DIM 256
 /* query heads per key/value head that the AVX-512 scoring keeps in registers (more take the scalar path) */
 #define MAX_GROUP 8
+/* slots ahead whose keys and values the AVX-512 attention asks for while it reads the current one (a
+ * prefetch past the end of the cache never faults) */
+#ifndef KV_AHEAD
+#define KV_AHEAD 16
+#endif
 
 /* An additive mask at or below this excludes the slot (torch's finfo(float32).min and -inf both do). */
 #define EXCLUDED (-1e30f)
@@ -207,6 +212,35 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 }
 
 #if defined(__AVX512F__)
+/* weighted_sum for every head of a group in one sweep over the values: o + h dim = inverse[h] * sum over the
+ * attended slots j, in slot order, of p[h stride + j] v_j. Each value is read once for the group instead of
+ * once per head, and every head's sums take the steps of weighted_sum in the same order, acc = p v + acc:
+ * the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). */
+static inline __attribute__((always_inline)) void group_weighted_sums(const float *p, int64_t stride,
+                                                                      const float *values, int64_t slots,
+                                                                      const float *mask, int64_t limit, int group,
+                                                                      int dim, const float *inverse, float *out) {
+    const int vecs = dim / LANES;
+    __m512 acc[MAX_GROUP][MAX_DIM / LANES];
+    for (int h = 0; h < group; ++h)
+        for (int c = 0; c < vecs; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < slots; ++j) {
+        if (excluded(mask, j, limit)) continue;
+        __m512 v[MAX_DIM / LANES];
+        for (int c = 0; c < vecs; ++c) _mm_prefetch((const char *)(values + (j + KV_AHEAD) * dim + c * LANES), _MM_HINT_T0);
+        for (int c = 0; c < vecs; ++c) v[c] = _mm512_loadu_ps(values + j * dim + c * LANES);
+        for (int h = 0; h < group; ++h) {
+            const __m512 weight = _mm512_set1_ps(p[h * stride + j]);
+            for (int c = 0; c < vecs; ++c) acc[h][c] = _mm512_fmadd_ps(weight, v[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < group; ++h)
+        for (int c = 0; c < vecs; ++c)
+            _mm512_storeu_ps(out + h * dim + c * LANES, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inverse[h])));
+}
+#endif
+
+#if defined(__AVX512F__)
 /* The scores of attend_group (below) on AVX-512: the group's queries stay in registers and each key is read
  * from the cache once for all of them; a score is the lanes' products summed by one fixed reduction
  * (_mm512_reduce_add_ps), as the scalar path sums them in one fixed order. This took a sixth of the time of
@@ -227,6 +261,7 @@ static inline __attribute__((always_inline)) void group_scores(const float *q, i
             continue;
         }
         const float *key = keys + j * dim;
+        for (int64_t c = 0; c < vecs; ++c) _mm_prefetch((const char *)(key + KV_AHEAD * dim + c * LANES), _MM_HINT_T0);
         for (int64_t h = 0; h < group; ++h) {
             __m512 acc = _mm512_mul_ps(queries[h][0], _mm512_loadu_ps(key));
             for (int64_t c = 1; c < vecs; ++c)
@@ -284,25 +319,39 @@ static void attend_group(const float *q, int64_t group, const float *keys, const
         total[h] = 0.f;
         for (int64_t j = 0; j < slots; ++j) total[h] += row[j];
     }
+    float inverse[group];
+    for (int64_t h = 0; h < group; ++h) inverse[h] = 1.f / total[h];
+#if defined(__AVX512F__)
+    /* 64-wide heads in groups of 3 (SmolLM2) or 4: 12 or 16 accumulators and 4 values fit the 32 registers
+     * (128-wide groups of 4 would spill them every slot, so they keep the per-head sums) */
+    if (dim == 64 && group == 3) {
+        group_weighted_sums(scores, stride, values, slots, mask, limit, 3, 64, inverse, out);
+        return;
+    }
+    if (dim == 64 && group == 4) {
+        group_weighted_sums(scores, stride, values, slots, mask, limit, 4, 64, inverse, out);
+        return;
+    }
+#endif
     for (int64_t h = 0; h < group; ++h) {
-        const float *p = scores + h * stride, inverse = 1.f / total[h];
+        const float *p = scores + h * stride;
         float *o = out + h * dim;
         if (dim % LANES == 0 && dim <= MAX_DIM) {
             /* the weighted sum in registers (o would be reloaded around every store otherwise), with the
              * head size a compile-time constant for the common sizes */
             if (dim == 64) {
-                weighted_sum(p, values, slots, mask, limit, 64, inverse, o);
+                weighted_sum(p, values, slots, mask, limit, 64, inverse[h], o);
             } else if (dim == 128) {
-                weighted_sum(p, values, slots, mask, limit, 128, inverse, o);
+                weighted_sum(p, values, slots, mask, limit, 128, inverse[h], o);
             } else {
-                weighted_sum(p, values, slots, mask, limit, dim, inverse, o);
+                weighted_sum(p, values, slots, mask, limit, dim, inverse[h], o);
             }
         } else {
             for (int64_t j = 0; j < slots; ++j) {
                 if (excluded(mask, j, limit)) continue;
                 for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * values[j * dim + i];
             }
-            for (int64_t i = 0; i < dim; ++i) o[i] *= inverse;
+            for (int64_t i = 0; i < dim; ++i) o[i] *= inverse[h];
         }
     }
 }

@@ -8,12 +8,14 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
-def tiny_llama(vocab_size: int = 64, layers: int = 4, seed: int = 0, hidden: int = 32) -> Any:
-    """A random Llama; ``initializer_range=0.3`` spreads the logits so float32 argmax ties are unlikely."""
+def tiny_llama(vocab_size: int = 64, layers: int = 4, seed: int = 0, hidden: int = 32, heads: int = 4,
+               kv_heads: int = 2) -> Any:
+    """A random Llama; ``initializer_range=0.3`` spreads the logits so float32 argmax ties are unlikely. Heads
+    are ``hidden / heads`` wide (the native attention has vector paths for widths that are multiples of 16)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3, max_position_embeddings=128,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, initializer_range=0.3, max_position_embeddings=128,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
     return LlamaForCausalLM(config).eval()
