@@ -186,7 +186,7 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise SettingError("device", f"{settings.device!r} requested but torch sees no CUDA device")
     source = settings.model
-    key = (source, settings.dtype, settings.device, settings.lean, settings.quantize)
+    key = (source, settings.dtype, settings.device, settings.lean, settings.quantize, settings.kv_cache_dtype)
     if not _LOADED or _LOADED[0].key != key:
         _LOADED.clear()
         cached = None
@@ -214,6 +214,8 @@ def load_decoder(settings: GenerateSettings, notify: Callable[[str], None] | Non
                 # a Llama-family target runs on the lean forward (native products, batch-invariant), also in
                 # the run that fills the model cache, so every run decodes with the same forward
                 model = lean_model(hf_model, "float32")
+        if settings.kv_cache_dtype == "float16":  # resolve_settings allows it for lean models only
+            model.set_kv_cache_dtype(torch.float16)
         _LOADED.append(_Loaded(key, model, tokenizer, {}, hf_model))
     loaded = _LOADED[0]
     decoder_key = (settings.draft, settings.dual, settings.strategy)
@@ -316,6 +318,7 @@ def generate(
     dual: str | None = None,
     quantize: str = "auto",
     lean: bool = False,
+    kv_cache_dtype: str = "auto",
     strategy: str | None = None,
     verifier: str | None = None,
     dtype: str = "float32",
@@ -338,7 +341,7 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
         stop=None if stop is None else (stop if isinstance(stop, str) else tuple(stop)), system=system,
         chat=chat, dtype=dtype, device=device, threads=threads, dual=dual,
-        quantize=quantize, lean=lean,
+        quantize=quantize, lean=lean, kv_cache_dtype=kv_cache_dtype,
     )
     messages = prompt_messages(prompt, settings.system, settings.chat)
     decoder, tokenizer = load_decoder(settings, notify=_notify_stderr)

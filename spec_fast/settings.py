@@ -52,6 +52,10 @@ QUANTIZE = ("none", "int8", "int4", "gguf")
 #: default model on the CPU in float32 (its GGUF file's own blocks: the weights llama.cpp runs, measured in
 #: bench/results/peers.md) and to ``none`` for everything else
 QUANTIZE_CHOICES = ("auto", *QUANTIZE)
+#: KV cache dtypes of the lean forward (vLLM's ``--kv-cache-dtype``): ``auto`` (the default) is float32, the
+#: forward's own precision; ``float16`` halves the bytes each attention step reads, as llama.cpp's default cache
+#: does, at a cost in accuracy (docs/engine.md, "The KV cache in float16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
@@ -195,6 +199,7 @@ class GenerateSettings:
     dtype: str
     device: str
     threads: int | None
+    kv_cache_dtype: str = "float32"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready settings (the ``settings`` field of ``--json``)."""
@@ -251,6 +256,7 @@ def resolve_settings(
     dual: str | None = None,
     quantize: str = "auto",
     lean: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> GenerateSettings:
     """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
 
@@ -261,7 +267,8 @@ def resolve_settings(
     own thread count. ``quantize`` ``auto``: ``gguf`` for the default model with ``dtype`` float32 on the
     CPU without ``lean``, else ``none`` (:data:`QUANTIZE_CHOICES`). Two drafts ``"A,B"`` need ``dual``
     (``merge``, ``route`` or ``route-calibrated``,
-    :class:`spec_fast.drafts.dual.DualDrafter`).
+    :class:`spec_fast.drafts.dual.DualDrafter`). ``kv_cache_dtype`` (:data:`KV_CACHE_DTYPES`) ``float16``
+    needs the lean forward.
     """
     t = temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):
@@ -285,6 +292,12 @@ def resolve_settings(
     lean = bool(lean) or quantize != "none"
     if lean and dtype != "float32":
         raise SettingError("dtype", f"--lean and --quantize run float32 activations: drop --dtype, got {dtype!r}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise SettingError("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    kv_cache_dtype = "float32" if kv_cache_dtype == "auto" else kv_cache_dtype
+    if kv_cache_dtype == "float16" and not lean:
+        raise SettingError("kv_cache_dtype", "float16 is a cache type of the lean forward: use the default model, "
+                                             "--quantize or --lean")
     if not isinstance(device, str) or not _DEVICE.match(device):
         raise SettingError("device", f"must be cpu, cuda, cuda:N, mps or xpu, got {device!r}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -340,5 +353,5 @@ def resolve_settings(
         quantize=quantize, lean=lean,
         strategy=parsed, temperature=float(temperature),
         top_k=top_k, top_p=float(top_p), seed=seed, max_new_tokens=max_new_tokens, stop=stops, system=system,
-        chat=bool(chat), dtype=dtype, device=device, threads=threads,
+        chat=bool(chat), dtype=dtype, device=device, threads=threads, kv_cache_dtype=kv_cache_dtype,
     )

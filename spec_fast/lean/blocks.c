@@ -75,6 +75,10 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
+/* half_to_float for layer.c, which reads float16 cache entries with it where the CPU lacks F16C */
+float spec_fast_half_to_float(uint16_t h);
+float spec_fast_half_to_float(uint16_t h) { return half_to_float(h); }
+
 /* Row r of x [rows, ldx] quantised per group of 32: xq [rows, K] int8, dx and sx [rows, K / 32]. */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>

@@ -136,14 +136,15 @@ class LeanKVCache:
         """Per row ``b``, the entries at slots ``source[b, :counts[b]]`` moved to ``target[b, :counts[b]]`` in
         every layer (all read before any is written), then ``length`` entries kept: one native call for the
         whole cache (:func:`spec_fast.lean.native.move_entries`). False, with nothing done, where that call
-        cannot serve these buffers (no native library, not float32 CPU buffers of one shape); the caller then
-        moves the entries itself."""
+        cannot serve these buffers (no native library, not float32 or float16 CPU buffers of one shape and
+        dtype); the caller then moves the entries itself."""
         if not self.layers or not native.available():
             return False
         buffers = [(layer._keys, layer._values) for layer in self.layers]
         first = buffers[0][0]
-        if first is None or first.dtype != torch.float32 or first.device.type != "cpu" or any(
+        if first is None or first.dtype not in native.CACHE_DTYPES or first.device.type != "cpu" or any(
                 k is None or v is None or k.shape != first.shape or v.shape != first.shape
+                or k.dtype != first.dtype or v.dtype != first.dtype
                 or not (k.is_contiguous() and v.is_contiguous()) for k, v in buffers):
             return False
         native.move_entries([(k, v) for k, v in buffers if k is not None and v is not None],

@@ -15,13 +15,14 @@
  * softmax weight would be exactly zero): a query's output depends only on its own vector and the keys and
  * values it attends, never on which other rows share the call. Together
  * with the batch-invariant products this makes a verification pass give every token bit for bit the
- * logits a plain decoding step gives it. Keys, values and the arithmetic are float32 (HF's precision).
+ * logits a plain decoding step gives it. The arithmetic is float32 (HF's precision); the cache holds keys and
+ * values as float32 or, with kv_half, as IEEE float16 (kv_at below).
  * The products and the attention pairs are shared among `threads` OpenMP threads, each output computed
  * whole by one thread, so the thread count changes no result.
  *
  * Layouts: x [M, H] row-major; cos, sin [M, D] (the rotary table's rows for each token's position, the
  * attention scaling folded in); mask [B, Q, past + Q] additive float32 or NULL (causal); keys and values
- * [B, H_kv, capacity, D] with capacity >= past + Q (the caller grows the buffers).
+ * [B, H_kv, capacity, D] float32 (or float16 bits) with capacity >= past + Q (the caller grows the buffers).
  */
 #include <math.h>
 #include <stdint.h>
@@ -59,6 +60,56 @@ typedef struct {
 #ifndef KV_AHEAD
 #define KV_AHEAD 16
 #endif
+
+/* The cache in float16 (kv_half; llama.cpp's default cache type) halves the bytes every attention step reads,
+ * which grow with the context and the batch. An entry is rounded to float16 once, to nearest-even, when the
+ * layer stores it, and widened exactly whenever it is read: a token's cached keys and values are the same bits
+ * whichever pass stored them, so a pass still gives every token what a one-token step gives it. */
+float spec_fast_half_to_float(uint16_t h);
+
+/* float32 -> IEEE float16 bits, rounded to nearest-even with overflow to infinity (what VCVTPS2PH does in that
+ * rounding mode; the portable build has no such instruction) */
+static uint16_t float_to_half(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof(bits));
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu)); /* NaN, quiet */
+    if (magnitude >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to infinity */
+    if (magnitude < 0x38800000u) { /* below 2^-14: a subnormal float16 (units of 2^-24), or zero */
+        float scaled;
+        memcpy(&scaled, &magnitude, sizeof(scaled));
+        return (uint16_t)(sign | (uint16_t)nearbyintf(scaled * 16777216.f)); /* exact scaling; 1024 is 2^-14 */
+    }
+    const uint32_t rebased = magnitude - 0x38000000u; /* exponent bias 127 -> 15 */
+    return (uint16_t)(sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13)); /* a carry bumps the exponent */
+}
+
+/* out[i] = the float16 bits of x[i] as the cache stores them (for the tests, which hold both builds to
+ * torch's conversion) */
+void spec_fast_round_half(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
+}
+
+/* Cache element `index` (in elements) of a float32 or float16 buffer, as float32 */
+static inline float kv_at(const void *base, int64_t index, int half) {
+    return half ? spec_fast_half_to_float(((const uint16_t *)base)[index]) : ((const float *)base)[index];
+}
+
+/* The address of cache element `index` */
+static inline const void *kv_address(const void *base, int64_t index, int half) {
+    return (const char *)base + index * (half ? 2 : 4);
+}
+
+/* dim values of src stored as cache elements index .. index + dim - 1 */
+static void store_kv(void *base, int64_t index, const float *src, int64_t dim, int half) {
+    if (!half) {
+        memcpy((float *)base + index, src, (size_t)dim * sizeof(float));
+        return;
+    }
+    uint16_t *out = (uint16_t *)base + index;
+    for (int64_t i = 0; i < dim; ++i) out[i] = float_to_half(src[i]);
+}
 
 /* An additive mask at or below this excludes the slot (torch's finfo(float32).min and -inf both do). */
 #define EXCLUDED (-1e30f)
@@ -173,14 +224,28 @@ static inline int excluded(const float *mask, int64_t j, int64_t limit) {
     return mask == NULL ? j >= limit : mask[j] <= EXCLUDED;
 }
 
+#if defined(__AVX512F__)
+/* 16 cache elements from `index` as float32 (float16 widened exactly) */
+static inline __attribute__((always_inline)) __m512 load_kv16(const void *base, int64_t index, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kv_address(base, index, 1)))
+                : _mm512_loadu_ps((const float *)base + index);
+}
+
+/* asks for the cache lines of the dim elements from `index` */
+static inline __attribute__((always_inline)) void prefetch_kv(const void *base, int64_t index, int64_t dim, int half) {
+    const char *first = (const char *)kv_address(base, index, half);
+    for (int64_t offset = 0; offset < dim * (half ? 2 : 4); offset += 64) _mm_prefetch(first + offset, _MM_HINT_T0);
+}
+#endif
+
 /* o [dim] = inverse * sum over the attended slots j, in slot order, of p[j] v_j (dim a multiple of 16, at most
  * MAX_DIM). Each step is one fused multiply-add per lane, acc = p[j] v + acc. With AVX-512 the sums stay in
  * registers: a generic vector loop here kept them in memory and re-read each value through a stack copy
  * whose two 32-byte stores a 64-byte load could not forward from, which made this loop most of the attention's
  * time in a profile of decoding. */
-static inline __attribute__((always_inline)) void weighted_sum(const float *p, const float *values, int64_t slots,
+static inline __attribute__((always_inline)) void weighted_sum(const float *p, const void *values, int64_t slots,
                                                                const float *mask, int64_t limit, int64_t dim,
-                                                               float inverse, float *o) {
+                                                               float inverse, float *o, int half) {
     const int64_t vecs = dim / LANES;
 #if defined(__AVX512F__)
     __m512 acc[MAX_DIM / LANES];
@@ -189,7 +254,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         if (excluded(mask, j, limit)) continue;
         const __m512 weight = _mm512_set1_ps(p[j]);
         for (int64_t c = 0; c < vecs; ++c)
-            acc[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + j * dim + c * LANES), acc[c]);
+            acc[c] = _mm512_fmadd_ps(weight, load_kv16(values, j * dim + c * LANES, half), acc[c]);
     }
     for (int64_t c = 0; c < vecs; ++c)
         _mm512_storeu_ps(o + c * LANES, _mm512_mul_ps(acc[c], _mm512_set1_ps(inverse)));
@@ -200,7 +265,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         if (excluded(mask, j, limit)) continue;
         for (int64_t c = 0; c < vecs; ++c) {
             f32x16 v;
-            memcpy(&v, values + j * dim + c * LANES, sizeof(v));
+            for (int l = 0; l < LANES; ++l) v[l] = kv_at(values, j * dim + c * LANES + l, half);
             acc[c] += p[j] * v;
         }
     }
@@ -217,9 +282,10 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
  * once per head, and every head's sums take the steps of weighted_sum in the same order, acc = p v + acc:
  * the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). */
 static inline __attribute__((always_inline)) void group_weighted_sums(const float *p, int64_t stride,
-                                                                      const float *values, int64_t slots,
+                                                                      const void *values, int64_t slots,
                                                                       const float *mask, int64_t limit, int group,
-                                                                      int dim, const float *inverse, float *out) {
+                                                                      int dim, const float *inverse, float *out,
+                                                                      int half) {
     const int vecs = dim / LANES;
     __m512 acc[MAX_GROUP][MAX_DIM / LANES];
     for (int h = 0; h < group; ++h)
@@ -227,8 +293,8 @@ static inline __attribute__((always_inline)) void group_weighted_sums(const floa
     for (int64_t j = 0; j < slots; ++j) {
         if (excluded(mask, j, limit)) continue;
         __m512 v[MAX_DIM / LANES];
-        for (int c = 0; c < vecs; ++c) _mm_prefetch((const char *)(values + (j + KV_AHEAD) * dim + c * LANES), _MM_HINT_T0);
-        for (int c = 0; c < vecs; ++c) v[c] = _mm512_loadu_ps(values + j * dim + c * LANES);
+        prefetch_kv(values, (j + KV_AHEAD) * dim, dim, half);
+        for (int c = 0; c < vecs; ++c) v[c] = load_kv16(values, j * dim + c * LANES, half);
         for (int h = 0; h < group; ++h) {
             const __m512 weight = _mm512_set1_ps(p[h * stride + j]);
             for (int c = 0; c < vecs; ++c) acc[h][c] = _mm512_fmadd_ps(weight, v[c], acc[h][c]);
@@ -247,10 +313,10 @@ static inline __attribute__((always_inline)) void group_weighted_sums(const floa
  * the scalar path, whose per-slot reduction through memory made attention cost about a third of a decoding
  * pass at 150 slots. Keys are loaded where they are used: staged in an array of a run-time length, each was
  * copied by a memcpy call per slot. */
-static inline __attribute__((always_inline)) void group_scores(const float *q, int64_t group, const float *keys,
+static inline __attribute__((always_inline)) void group_scores(const float *q, int64_t group, const void *keys,
                                                                int64_t slots, const float *mask, int64_t limit,
                                                                int64_t dim, float scale, float *scores,
-                                                               int64_t stride, float *best) {
+                                                               int64_t stride, float *best, int half) {
     const int64_t vecs = dim / LANES;
     __m512 queries[MAX_GROUP][MAX_DIM / LANES];
     for (int64_t h = 0; h < group; ++h)
@@ -260,12 +326,12 @@ static inline __attribute__((always_inline)) void group_scores(const float *q, i
             for (int64_t h = 0; h < group; ++h) scores[h * stride + j] = -INFINITY;
             continue;
         }
-        const float *key = keys + j * dim;
-        for (int64_t c = 0; c < vecs; ++c) _mm_prefetch((const char *)(key + KV_AHEAD * dim + c * LANES), _MM_HINT_T0);
+        const int64_t key = j * dim;
+        prefetch_kv(keys, key + KV_AHEAD * dim, dim, half);
         for (int64_t h = 0; h < group; ++h) {
-            __m512 acc = _mm512_mul_ps(queries[h][0], _mm512_loadu_ps(key));
+            __m512 acc = _mm512_mul_ps(queries[h][0], load_kv16(keys, key, half));
             for (int64_t c = 1; c < vecs; ++c)
-                acc = _mm512_fmadd_ps(queries[h][c], _mm512_loadu_ps(key + c * LANES), acc);
+                acc = _mm512_fmadd_ps(queries[h][c], load_kv16(keys, key + c * LANES, half), acc);
             const float s = _mm512_reduce_add_ps(acc) * scale + (mask == NULL ? 0.f : mask[j]);
             if (s > best[h]) best[h] = s;
             scores[h * stride + j] = s;
@@ -282,29 +348,34 @@ static inline __attribute__((always_inline)) void group_scores(const float *q, i
  * has weight exactly 0), and the exponential of a slot's score does not depend on the other slots: the
  * output depends only on the attended keys and values. scores: group x stride floats (stride >= slots
  * rounded up to 16). */
-static void attend_group(const float *q, int64_t group, const float *keys, const float *values, int64_t slots,
-                         const float *mask, int64_t limit, int64_t dim, float scale, float *scores, int64_t stride,
-                         float *out) {
+static inline __attribute__((always_inline)) void attend_group(const float *q, int64_t group, const void *keys,
+                                                               const void *values, int64_t slots, const float *mask,
+                                                               int64_t limit, int64_t dim, float scale,
+                                                               float *scores, int64_t stride, float *out, int half) {
     float best[group], total[group];
     for (int64_t h = 0; h < group; ++h) best[h] = -INFINITY;
 #if defined(__AVX512F__)
     if (dim % LANES == 0 && dim <= MAX_DIM && group <= MAX_GROUP) {
         if (dim == 64) {
-            group_scores(q, group, keys, slots, mask, limit, 64, scale, scores, stride, best);
+            group_scores(q, group, keys, slots, mask, limit, 64, scale, scores, stride, best, half);
         } else if (dim == 128) {
-            group_scores(q, group, keys, slots, mask, limit, 128, scale, scores, stride, best);
+            group_scores(q, group, keys, slots, mask, limit, 128, scale, scores, stride, best, half);
         } else {
-            group_scores(q, group, keys, slots, mask, limit, dim, scale, scores, stride, best);
+            group_scores(q, group, keys, slots, mask, limit, dim, scale, scores, stride, best, half);
         }
     } else
 #endif
     {
+        float key[dim]; /* a float16 key widened once for the group */
         for (int64_t j = 0; j < stride; ++j) {
             const int skip = j >= slots || excluded(mask, j, limit);
+            if (!skip && half)
+                for (int64_t i = 0; i < dim; ++i) key[i] = kv_at(keys, j * dim + i, 1);
             for (int64_t h = 0; h < group; ++h) {
                 float s = -INFINITY;
                 if (!skip) {
-                    s = dot(q + h * dim, keys + j * dim, dim) * scale + (mask == NULL ? 0.f : mask[j]);
+                    const float *k = half ? key : (const float *)keys + j * dim;
+                    s = dot(q + h * dim, k, dim) * scale + (mask == NULL ? 0.f : mask[j]);
                     if (s > best[h]) best[h] = s;
                 }
                 scores[h * stride + j] = s;
@@ -325,11 +396,11 @@ static void attend_group(const float *q, int64_t group, const float *keys, const
     /* 64-wide heads in groups of 3 (SmolLM2) or 4: 12 or 16 accumulators and 4 values fit the 32 registers
      * (128-wide groups of 4 would spill them every slot, so they keep the per-head sums) */
     if (dim == 64 && group == 3) {
-        group_weighted_sums(scores, stride, values, slots, mask, limit, 3, 64, inverse, out);
+        group_weighted_sums(scores, stride, values, slots, mask, limit, 3, 64, inverse, out, half);
         return;
     }
     if (dim == 64 && group == 4) {
-        group_weighted_sums(scores, stride, values, slots, mask, limit, 4, 64, inverse, out);
+        group_weighted_sums(scores, stride, values, slots, mask, limit, 4, 64, inverse, out, half);
         return;
     }
 #endif
@@ -340,16 +411,16 @@ static void attend_group(const float *q, int64_t group, const float *keys, const
             /* the weighted sum in registers (o would be reloaded around every store otherwise), with the
              * head size a compile-time constant for the common sizes */
             if (dim == 64) {
-                weighted_sum(p, values, slots, mask, limit, 64, inverse[h], o);
+                weighted_sum(p, values, slots, mask, limit, 64, inverse[h], o, half);
             } else if (dim == 128) {
-                weighted_sum(p, values, slots, mask, limit, 128, inverse[h], o);
+                weighted_sum(p, values, slots, mask, limit, 128, inverse[h], o, half);
             } else {
-                weighted_sum(p, values, slots, mask, limit, dim, inverse[h], o);
+                weighted_sum(p, values, slots, mask, limit, dim, inverse[h], o, half);
             }
         } else {
             for (int64_t j = 0; j < slots; ++j) {
                 if (excluded(mask, j, limit)) continue;
-                for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * values[j * dim + i];
+                for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * kv_at(values, j * dim + i, half);
             }
             for (int64_t i = 0; i < dim; ++i) o[i] *= inverse[h];
         }
@@ -359,8 +430,9 @@ static void attend_group(const float *q, int64_t group, const float *keys, const
 /* One decoder layer over x [batch * num_query, hidden] in place (see the header). Returns 0, or -1 when
  * scratch memory could not be allocated (x is then partly updated: the caller passes a copy and drops it). */
 int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batch, int64_t num_query,
-                        const float *cos, const float *sin, const float *mask, int64_t past, float *keys,
-                        float *values, int64_t capacity, int64_t threads) {
+                        const float *cos, const float *sin, const float *mask, int64_t past, void *keys,
+                        void *values, int64_t capacity, int64_t threads, int64_t kv_half) {
+    const int half = kv_half != 0;
     const int64_t rows = batch * num_query, hidden = w->hidden, dim = w->head_dim;
     const int64_t heads = w->heads, kv_heads = w->kv_heads, group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * dim, inter = w->intermediate, slots = past + num_query;
@@ -386,8 +458,8 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
         for (int64_t h = 0; h < heads + kv_heads; ++h) rotate(row + h * dim, cos + m * dim, sin + m * dim, dim);
         for (int64_t g = 0; g < kv_heads; ++g) {
             const int64_t at = ((b * kv_heads + g) * capacity + slot) * dim;
-            memcpy(keys + at, row + (heads + g) * dim, (size_t)dim * sizeof(float));
-            memcpy(values + at, row + (heads + kv_heads + g) * dim, (size_t)dim * sizeof(float));
+            store_kv(keys, at, row + (heads + g) * dim, dim, half);
+            store_kv(values, at, row + (heads + kv_heads + g) * dim, dim, half);
         }
     }
     /* one (query row, key/value head) pair per iteration, each with its own thread's score buffer */
@@ -401,8 +473,16 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
 #else
         float *own_scores = scores;
 #endif
-        attend_group(qkv + m * qkv_width + g * group * dim, group, keys + at, values + at, slots, mask_row,
-                     past + q + 1, dim, scale, own_scores, stride, attended + (m * heads + g * group) * dim);
+        const void *own_keys = kv_address(keys, at, half), *own_values = kv_address(values, at, half);
+        float *own_out = attended + (m * heads + g * group) * dim;
+        const float *own_q = qkv + m * qkv_width + g * group * dim;
+        /* one instance per cache type, each with compile-time element reads */
+        if (half)
+            attend_group(own_q, group, own_keys, own_values, slots, mask_row, past + q + 1, dim, scale, own_scores,
+                         stride, own_out, 1);
+        else
+            attend_group(own_q, group, own_keys, own_values, slots, mask_row, past + q + 1, dim, scale, own_scores,
+                         stride, own_out, 0);
     }
     if (linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads) != 0) {
         free(scratch);
@@ -430,13 +510,13 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
 
 /* The commit of a pass's kept cache entries for rows of different lengths: in every layer l and row b, the
  * entry at slot source[b, i] moves to slot target[b, i] for i < counts[b] (keys[l] and values[l] are
- * [B, H_kv, capacity, D] buffers). A row's kept entries are all read before any is written (its targets may
- * overlap its sources). One call for every layer replaces a gather and a scatter per buffer and layer in
+ * [B, H_kv, capacity, D] buffers of element_bytes-wide elements). A row's kept entries are all read before
+ * any is written (its targets may overlap its sources). One call for every layer replaces a gather and a scatter per buffer and layer in
  * torch. Returns 0; -1 when scratch memory could not be allocated, -2 when an index is outside
  * [0, capacity) or a count outside [0, most] (nothing is written then). */
-int64_t spec_fast_move_entries(int64_t layers, float *const *keys, float *const *values, int64_t batch,
+int64_t spec_fast_move_entries(int64_t layers, void *const *keys, void *const *values, int64_t batch,
                                int64_t heads, int64_t capacity, int64_t dim, const int64_t *source,
-                               const int64_t *target, const int64_t *counts, int64_t most) {
+                               const int64_t *target, const int64_t *counts, int64_t most, int64_t element_bytes) {
     for (int64_t b = 0; b < batch; ++b) {
         if (counts[b] < 0 || counts[b] > most) return -2;
         for (int64_t i = 0; i < counts[b]; ++i) {
@@ -444,21 +524,21 @@ int64_t spec_fast_move_entries(int64_t layers, float *const *keys, float *const 
             if (from < 0 || from >= capacity || to < 0 || to >= capacity) return -2;
         }
     }
-    const size_t entry = (size_t)dim * sizeof(float);
-    float *staged = malloc((size_t)(most > 0 ? most : 1) * (size_t)heads * entry);
+    const int64_t entry = dim * element_bytes; /* bytes of one slot of one head */
+    char *staged = malloc((size_t)(most > 0 ? most : 1) * (size_t)(heads * entry));
     if (staged == NULL) return -1;
     for (int64_t l = 0; l < 2 * layers; ++l) {
-        float *buffer = l < layers ? keys[l] : values[l - layers];
+        char *buffer = l < layers ? keys[l] : values[l - layers];
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t h = 0; h < heads; ++h) {
-                float *head = buffer + ((b * heads + h) * capacity) * dim;
+                char *head = buffer + ((b * heads + h) * capacity) * entry;
                 for (int64_t i = 0; i < counts[b]; ++i)
-                    memcpy(staged + (h * most + i) * dim, head + source[b * most + i] * dim, entry);
+                    memcpy(staged + (h * most + i) * entry, head + source[b * most + i] * entry, (size_t)entry);
             }
             for (int64_t h = 0; h < heads; ++h) {
-                float *head = buffer + ((b * heads + h) * capacity) * dim;
+                char *head = buffer + ((b * heads + h) * capacity) * entry;
                 for (int64_t i = 0; i < counts[b]; ++i)
-                    memcpy(head + target[b * most + i] * dim, staged + (h * most + i) * dim, entry);
+                    memcpy(head + target[b * most + i] * entry, staged + (h * most + i) * entry, (size_t)entry);
             }
         }
     }

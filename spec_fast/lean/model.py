@@ -27,7 +27,7 @@ from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
 from spec_fast.lean import native
-from spec_fast.lean.quant import KINDS, LeanLinear, column_major, dequantize_blocks
+from spec_fast.lean.quant import KINDS, LeanLinear, column_major, hf_linears, stacked_linear
 
 __all__ = ["LeanLlama", "LeanOutput", "MODEL_WEIGHTS", "SUPPORTED_MODEL_TYPES", "supports"]
 
@@ -118,6 +118,9 @@ class Attention(nn.Module):
         #: float64 for quantised or bfloat16 weights and for native products outside the native layer (see
         #: :class:`LeanLlama`), float32 otherwise
         self.attention_dtype = torch.float32
+        #: the dtype the cache stores keys and values in (None: the attention dtype); see
+        #: :meth:`LeanLlama.set_kv_cache_dtype`
+        self.kv_cache_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: LeanLayerCache) -> torch.Tensor:
@@ -127,7 +130,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(batch, num_query, self.heads + 2 * self.kv_heads, dim).transpose(1, 2)
         rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
         wide = self.attention_dtype
-        keys, values = cache.append(rotated[:, self.heads :].to(wide), qkv[:, self.heads + self.kv_heads :].to(wide))
+        stored = self.kv_cache_dtype or wide  # rounded once when stored, as the native layer does
+        keys, values = cache.append(rotated[:, self.heads :].to(stored), qkv[:, self.heads + self.kv_heads :].to(stored))
+        keys, values = keys.to(wide), values.to(wide)
         # grouped-query attention without repeating keys (SDPA's enable_gqa), HF's 1/sqrt(D) scaling
         out = nn.functional.scaled_dot_product_attention(
             rotated[:, : self.heads].to(wide), keys, values, attn_mask=None if mask is None else mask.to(wide),
@@ -226,7 +231,8 @@ class DecoderLayer(nn.Module):
         """``(weights, keys, values)`` for one C call of the layer over ``x [B, Q, H]`` behind ``cache`` (its
         buffers grown to hold the new entries), or None where the layer cannot run natively: switched off,
         attention not in float32, inputs not float32 on the CPU, a mask not ``[B, 1, Q, past + Q]``, weights
-        that are not all packed native ones, or a cache that holds another layout."""
+        that are not all packed native ones, a cache dtype other than float32 or float16, or a cache that holds
+        another layout."""
         batch, num_query = int(x.shape[0]), int(x.shape[1])
         attn = self.self_attn
         if (not self.native_layer or attn.attention_dtype != torch.float32 or x.device.type != "cpu"
@@ -238,7 +244,10 @@ class DecoderLayer(nn.Module):
         weights = self.native_weights()
         if weights is None:
             return None
-        buffers = cache.reserve(batch, attn.kv_heads, attn.head_dim, past + num_query, torch.float32, x.device)
+        stored = attn.kv_cache_dtype or torch.float32
+        if stored not in native.CACHE_DTYPES:
+            return None
+        buffers = cache.reserve(batch, attn.kv_heads, attn.head_dim, past + num_query, stored, x.device)
         return None if buffers is None else (weights, *buffers)
 
 
@@ -309,7 +318,7 @@ class LeanLlama(nn.Module):
         if head_kind not in MODEL_WEIGHTS:
             raise ValueError(f"head_weights must be one of {MODEL_WEIGHTS}, got head_weights={head_weights!r}")
         if weights == "gguf" and not any(getattr(linear, "blocks", None) is not None
-                                         for linear in _linears(model)):
+                                         for linear in hf_linears(model)):
             raise ValueError("weights='gguf' keeps a GGUF file's quantised blocks; this model holds none "
                              "(read it with spec_fast.lean.lean_from_gguf(path, 'gguf'))")
         config = copy.deepcopy(model.config)
@@ -335,11 +344,11 @@ class LeanLlama(nn.Module):
             qkv_bias = None
             if attn.q_proj.bias is not None:
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias], dim=0)
-            layer.self_attn.qkv_proj = _stacked([attn.q_proj, attn.k_proj, attn.v_proj], qkv_bias, weights)
-            layer.self_attn.o_proj = _stacked([attn.o_proj], attn.o_proj.bias, weights)
+            layer.self_attn.qkv_proj = stacked_linear([attn.q_proj, attn.k_proj, attn.v_proj], qkv_bias, weights)
+            layer.self_attn.o_proj = stacked_linear([attn.o_proj], attn.o_proj.bias, weights)
             mlp = block.mlp
-            layer.mlp.gate_up_proj = _stacked([mlp.gate_proj, mlp.up_proj], None, weights)
-            layer.mlp.down_proj = _stacked([mlp.down_proj], None, weights)
+            layer.mlp.gate_up_proj = stacked_linear([mlp.gate_proj, mlp.up_proj], None, weights)
+            layer.mlp.down_proj = stacked_linear([mlp.down_proj], None, weights)
             layer.input_layernorm = _norm(block.input_layernorm)
             layer.post_attention_layernorm = _norm(block.post_attention_layernorm)
         head_module = model.get_output_embeddings()
@@ -377,6 +386,25 @@ class LeanLlama(nn.Module):
             fused = enabled and layer.native_weights() is not None
             if self.weights != "float32" or native_products:
                 layer.self_attn.attention_dtype = torch.float32 if fused else torch.float64
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The dtype the KV cache stores keys and values in (float32 unless :meth:`set_kv_cache_dtype` chose
+        float16)."""
+        layers: list[Any] = list(self.model.layers)
+        return (layers[0].self_attn.kv_cache_dtype if layers else None) or torch.float32
+
+    def set_kv_cache_dtype(self, dtype: torch.dtype) -> None:
+        """Store the KV cache in ``dtype``: float32, or float16 (llama.cpp's default cache type: half the bytes
+        that every attention step reads). A float16 entry is rounded to nearest-even once, when stored, and
+        read back exactly, in the native layer and the Python one alike: a token's cache entries are the same
+        whichever pass stored them, so greedy speculative output still equals plain decoding. Call before
+        decoding (a cache already holding entries of the other dtype is not converted)."""
+        if dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"dtype must be torch.float32 or torch.float16, got dtype={dtype!r}")
+        layers: list[Any] = list(self.model.layers)
+        for layer in layers:
+            layer.self_attn.kv_cache_dtype = None if dtype == torch.float32 else dtype
 
     # the HF methods the engine and the drafters call
     def get_output_embeddings(self) -> LeanLinear:
@@ -462,31 +490,6 @@ def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: 
             return None
         stack.append(call)
     return stack
-
-
-def _linears(model: Any) -> list[Any]:
-    """Every linear layer of an HF-layout model (or stand-in), the LM head included."""
-    out = [model.get_output_embeddings()]
-    for block in model.model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return out
-
-
-def _stacked(linears: list[Any], bias: torch.Tensor | None, weights: str) -> LeanLinear:
-    """One :class:`LeanLinear` for HF linear layers stacked along their outputs (fused q/k/v, gate/up).
-
-    ``weights="gguf"`` keeps blocks the file stores (all of one kind) as they are and de-quantises the rest."""
-    blocks: list[Any] = [getattr(linear, "blocks", None) for linear in linears]
-    if weights == "gguf":
-        if all(b is not None for b in blocks) and len({b.kind for b in blocks}) == 1:
-            offsets = None if blocks[0].offsets is None else torch.cat([b.offsets for b in blocks], dim=0)
-            return LeanLinear.from_blocks(blocks[0].kind, torch.cat([b.values for b in blocks], dim=0),
-                                          torch.cat([b.scales for b in blocks], dim=0), offsets, bias)
-        weights = "float32"
-    parts = [linear.weight.detach().float() if linear.weight is not None else dequantize_blocks(block)
-             for linear, block in zip(linears, blocks)]
-    return LeanLinear.from_weight(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), bias, weights)
 
 
 def _norm(hf_norm: Any) -> RMSNorm:

@@ -37,11 +37,11 @@ import torch
 
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available", "build", "disabled",
-           "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer",
+__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available", "build", "disabled",
+           "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer",
            "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 8
+_VERSION = 9
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -185,10 +185,12 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
-                                        i64]
+                                        i64, i64]
         lib.spec_fast_layer.restype = i64
-        lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64]
+        lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
         lib.spec_fast_move_entries.restype = i64
+        lib.spec_fast_round_half.argtypes = [ptr, i64, ptr]
+        lib.spec_fast_round_half.restype = None
     except (OSError, AttributeError) as err:
         return None, f"{path} did not load: {err}"
     return lib, ""
@@ -379,6 +381,8 @@ class LayerWeights(ctypes.Structure):
 
 #: the code of a packed weight's kind in layer.c (0: packed float32)
 LAYER_KINDS = {"float32": 0, **BLOCK_KINDS}
+#: the KV cache dtypes the native layer reads and writes
+CACHE_DTYPES = (torch.float32, torch.float16)
 
 
 def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
@@ -389,8 +393,9 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
         cos, sin: ``[B, Q, D]`` (any leading layout with contiguous rows of ``D``) for each token's position.
         mask: ``[B, Q, past + Q]`` additive float32, contiguous, or None (causal).
         past: the cache entries before this call.
-        keys, values: ``[B, H_kv, capacity, D]`` float32 contiguous buffers, capacity >= ``past + Q``; the
-            new entries are written at slots ``past .. past + Q - 1``.
+        keys, values: ``[B, H_kv, capacity, D]`` contiguous buffers, both float32 or both float16 (a float16
+            cache: each new entry rounded to nearest-even once, read back exactly), capacity >= ``past + Q``;
+            the new entries are written at slots ``past .. past + Q - 1``.
 
     Only with :func:`available` True (the caller checks); other dtypes, devices, layouts and shapes are a
     ValueError."""
@@ -431,8 +436,9 @@ def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
                                                      int(weights.kv_heads)) != (int(first.hidden), dim, kv_heads):
             raise ValueError("every layer of a stack must be a LayerWeights of the first layer's hidden size, "
                              "head size and key/value heads")
+        cache_dtype = keys.dtype if isinstance(keys, torch.Tensor) and keys.dtype in CACHE_DTYPES else torch.float32
         for name, buffer in (("keys", keys), ("values", values)):
-            _check(name, buffer, torch.float32, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
+            _check(name, buffer, cache_dtype, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
             if int(buffer.shape[2]) < past + num_query:
                 raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
                                  f"{name}.shape={tuple(buffer.shape)}")
@@ -444,15 +450,27 @@ def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
     mask_data = None if mask is None else mask.data_ptr()
     for weights, keys, values in stack:
         status = lib.spec_fast_layer(ctypes.byref(weights), x_data, batch, num_query, cos_data, sin_data, mask_data,
-                                     past, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), threads)
+                                     past, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), threads,
+                                     int(keys.dtype == torch.float16))
         if status != 0:
             raise MemoryError("the native decoder layer could not allocate its scratch memory")
 
 
+def round_half(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32, CPU) rounded to float16 as the native layer stores cache entries (nearest-even)."""
+    lib = _library()
+    assert lib is not None
+    _check("x", x, torch.float32, x.dim() if isinstance(x, torch.Tensor) else 0)
+    source = x.contiguous()
+    out = torch.empty(source.shape, dtype=torch.float16)
+    lib.spec_fast_round_half(source.data_ptr(), source.numel(), out.data_ptr())
+    return out
+
+
 def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor, target: torch.Tensor,
                  counts: torch.Tensor) -> None:
-    """In every ``(keys, values)`` of ``buffers`` (``[B, H_kv, capacity, D]`` float32 contiguous CPU buffers of
-    one shape) and row ``b``, move the entry at slot ``source[b, i]`` to slot ``target[b, i]`` for
+    """In every ``(keys, values)`` of ``buffers`` (``[B, H_kv, capacity, D]`` contiguous CPU buffers of one
+    shape and one dtype, float32 or float16) and row ``b``, move the entry at slot ``source[b, i]`` to slot ``target[b, i]`` for
     ``i < counts[b]``, every kept entry of a row read before any is written (``layer.c``,
     ``spec_fast_move_entries``). ``source, target [B, M]`` and ``counts [B]`` are int64; an index outside the
     buffers or a count outside ``[0, M]`` is a ValueError and nothing moves."""
@@ -460,10 +478,13 @@ def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: t
     assert lib is not None
     if not buffers:
         return
-    shape = tuple(buffers[0][0].shape)
+    first = buffers[0][0]
+    if not isinstance(first, torch.Tensor):
+        raise ValueError(f"keys must be a torch.Tensor, got {type(first).__name__}")
+    shape, cache_dtype = tuple(first.shape), first.dtype if first.dtype in CACHE_DTYPES else torch.float32
     for keys, values in buffers:
         for name, buffer in (("keys", keys), ("values", values)):
-            _check(name, buffer, torch.float32, 4, contiguous=True, shape=shape)
+            _check(name, buffer, cache_dtype, 4, contiguous=True, shape=shape)
     batch, heads, capacity, dim = shape
     _check("source", source, torch.int64, 2, contiguous=True, shape=(batch, None))
     most = int(source.shape[1])
@@ -472,7 +493,8 @@ def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: t
     key_pointers = (ctypes.c_void_p * len(buffers))(*[k.data_ptr() for k, _ in buffers])
     value_pointers = (ctypes.c_void_p * len(buffers))(*[v.data_ptr() for _, v in buffers])
     status = lib.spec_fast_move_entries(len(buffers), key_pointers, value_pointers, batch, heads, capacity, dim,
-                                        source.data_ptr(), target.data_ptr(), counts.data_ptr(), most)
+                                        source.data_ptr(), target.data_ptr(), counts.data_ptr(), most,
+                                        first.element_size())
     if status == -2:
         raise ValueError(f"source and target must index slots in [0, {capacity}) and counts lie in [0, {most}]")
     if status != 0:

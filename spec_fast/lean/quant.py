@@ -39,7 +39,8 @@ from torch import nn
 
 from spec_fast.lean import native
 
-__all__ = ["KINDS", "INT4_GROUP_SIZE", "LeanLinear", "column_major", "prefers_column_major"]
+__all__ = ["KINDS", "INT4_GROUP_SIZE", "LeanLinear", "column_major", "hf_linears", "prefers_column_major",
+           "stacked_linear"]
 
 #: the weight formats of :class:`LeanLinear`
 KINDS = ("float32", "bfloat16", "int8", "int4")
@@ -235,3 +236,28 @@ def _pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         [scales.reshape(out_features, -1).t(), zeros.reshape(out_features, -1).t()], dim=-1
     ).contiguous().to(torch.bfloat16)
     return packed, scales_and_zeros
+
+
+def hf_linears(model: Any) -> list[Any]:
+    """Every linear layer of an HF-layout model (or stand-in), the LM head included."""
+    out = [model.get_output_embeddings()]
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return out
+
+
+def stacked_linear(linears: list[Any], bias: torch.Tensor | None, weights: str) -> LeanLinear:
+    """One :class:`LeanLinear` for HF linear layers stacked along their outputs (fused q/k/v, gate/up).
+
+    ``weights="gguf"`` keeps blocks the file stores (all of one kind) as they are and de-quantises the rest."""
+    blocks: list[Any] = [getattr(linear, "blocks", None) for linear in linears]
+    if weights == "gguf":
+        if all(b is not None for b in blocks) and len({b.kind for b in blocks}) == 1:
+            offsets = None if blocks[0].offsets is None else torch.cat([b.offsets for b in blocks], dim=0)
+            return LeanLinear.from_blocks(blocks[0].kind, torch.cat([b.values for b in blocks], dim=0),
+                                          torch.cat([b.scales for b in blocks], dim=0), offsets, bias)
+        weights = "float32"
+    parts = [linear.weight.detach().float() if linear.weight is not None else dequantize_blocks(block)
+             for linear, block in zip(linears, blocks)]
+    return LeanLinear.from_weight(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), bias, weights)

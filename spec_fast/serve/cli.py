@@ -25,7 +25,7 @@ __all__ = ["add_serve_parser", "serve", "SHARED_FLAGS", "DEFAULT_MODEL_NAME"]
 
 #: generate's flags that serve shares (their dests); sampling flags are per request in the HTTP API
 SHARED_FLAGS = ("model", "gguf_file", "draft", "dual", "strategy", "verifier", "device", "dtype", "quantize",
-                "lean", "threads", "quiet")
+                "lean", "kv_cache_dtype", "threads", "quiet")
 #: the id of the default model in ``/v1/models`` (and the ``model`` clients send)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _API_KEY_ENV = "SPEC_FAST_API_KEY"
@@ -86,7 +86,8 @@ def _check_flags(args: argparse.Namespace) -> GenerateSettings:
         raise SettingError("served_model_name", "must not be empty")
     return resolve_settings(model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,
                             verifier=args.verifier, dtype=args.dtype, device=args.device, threads=args.threads,
-                            dual=args.dual, quantize=args.quantize, lean=args.lean)
+                            dual=args.dual, quantize=args.quantize, lean=args.lean,
+                            kv_cache_dtype=args.kv_cache_dtype)
 
 
 def served_model_name(args: argparse.Namespace) -> str:

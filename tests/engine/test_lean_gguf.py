@@ -130,6 +130,14 @@ def test_the_gguf_blocks_model_is_the_float32_model_up_to_activation_rounding(gg
     for strategy in ("chain:3", "topk:2,2,4"):
         spec = SpeculativeDecoder(blocks, drafter, parse_strategy(strategy)).generate([prompt], max_new_tokens=24)
         assert spec.tokens[0] == plain[0], strategy
+    # with the cache in float16 too (each entry rounded once, when stored), and close to the float32 cache
+    blocks.set_kv_cache_dtype(torch.float16)
+    half = _logits(blocks, ids)[0].log_softmax(-1)
+    assert float((ours.exp() * (ours - half)).sum(-1).max()) < 0.1
+    plain = SpeculativeDecoder(blocks, None, parse_strategy("ar")).generate([prompt], max_new_tokens=24).tokens
+    for strategy in ("chain:3", "topk:2,2,4"):
+        spec = SpeculativeDecoder(blocks, drafter, parse_strategy(strategy)).generate([prompt], max_new_tokens=24)
+        assert spec.tokens[0] == plain[0], strategy
 
 
 @pytest.mark.model

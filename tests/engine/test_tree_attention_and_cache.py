@@ -29,6 +29,8 @@ from tests.engine.models import tiny_gpt2, tiny_llama
 ATOL = 1e-4
 MODELS = {"llama": tiny_llama(), "gpt2": tiny_gpt2()}
 LEAN = LeanLlama.from_hf(MODELS["llama"])
+LEAN_FLOAT16 = LeanLlama.from_hf(MODELS["llama"])
+LEAN_FLOAT16.set_kv_cache_dtype(torch.float16)
 
 
 @st.composite
@@ -126,7 +128,7 @@ def _force(path: str, patch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("path", ["chosen", "gather", "move"])
-@pytest.mark.parametrize("name", ["llama", "gpt2", "lean"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "lean", "lean-float16"])
 @settings(max_examples=15, deadline=None)
 @given(case=ragged_commits())
 def test_a_ragged_commit_keeps_each_rows_context_and_moves_exactly_its_kept_entries(
@@ -136,15 +138,16 @@ def test_a_ragged_commit_keeps_each_rows_context_and_moves_exactly_its_kept_entr
     The lean model's cache moves them in one native call where the kernels are built (else in torch)."""
     with pytest.MonkeyPatch.context() as patch:
         _force(path, patch)
-        _check_ragged_commit(LEAN if name == "lean" else MODELS[name], *case)
+        _check_ragged_commit({"lean": LEAN, "lean-float16": LEAN_FLOAT16}.get(name) or MODELS[name], *case)
 
 
-def test_the_lean_cache_moves_kept_entries_natively_and_refuses_slots_outside_its_buffers() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_lean_cache_moves_kept_entries_natively_and_refuses_slots_outside_its_buffers(dtype: torch.dtype) -> None:
     if not native.available():
         pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
     cache = LEAN.make_tree_cache(3)
-    keys = [torch.randn(3, 2, 16, 8) for _ in cache.layers]
-    values = [torch.randn(3, 2, 16, 8) for _ in cache.layers]
+    keys = [torch.randn(3, 2, 16, 8).to(dtype) for _ in cache.layers]
+    values = [torch.randn(3, 2, 16, 8).to(dtype) for _ in cache.layers]
     for layer, k, v in zip(cache.layers, keys, values):
         layer.keys, layer.values = k.clone(), v.clone()
     # row 0 keeps entries 9, 11 at 4, 5; row 1 none; row 2 moves 10 -> 10 and 12 -> 11 (targets overlap sources)
