@@ -7,6 +7,10 @@ counts (1 thread). Reports GMAC/s (multiply-adds per second), the weight bytes r
 each build's rows are independent (a row's result alone equals its result among the others, bit for bit).
 
     python bench/kernel_blocks.py --baseline e801824      # writes bench/results/kernel_blocks.{json,md,png}
+
+``--baseline amx-off`` compares this commit's build with itself, its AMX tiles switched off (``native.amx``)
+against on: the tiles' speed from the same sources (a build of another commit cannot load where the kernels'
+version changed).
 """
 
 from __future__ import annotations
@@ -59,33 +63,40 @@ def weight(kind: str, out_features: int, in_features: int) -> torch.Tensor:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="git revision whose C sources are the baseline")
+    parser.add_argument("--baseline", required=True,
+                        help="git revision whose C sources are the baseline, or amx-off (this build, AMX off)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
+    amx_off = args.baseline == "amx-off"
     try:
-        baseline = {n: subprocess.run(["git", "show", f"{args.baseline}:spec_fast/lean/{n}"], cwd=ROOT, check=True,
-                                      capture_output=True, text=True).stdout for n in SOURCES}
+        baseline = current if amx_off else {
+            n: subprocess.run(["git", "show", f"{args.baseline}:spec_fast/lean/{n}"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout for n in SOURCES}
     except subprocess.CalledProcessError as err:
         print(f"error: --baseline {args.baseline!r}: {err.stderr.strip()}", file=sys.stderr)
         return 2
-    current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        libs = {"baseline": build(baseline, a), "this commit": build(current, b)}
+        mine = build(current, b)
+        libs = {"baseline": mine if amx_off else build(baseline, a), "this commit": mine}
+        # with amx-off, each timing of the baseline switches the tiles off and each of this commit on
+        tiles = {"baseline": False, "this commit": True} if amx_off else {"baseline": None, "this commit": None}
         for kind, shapes in SHAPES.items():
             for out_features, in_features in shapes:
                 packed = weight(kind, out_features, in_features)
                 bytes_read = packed.numel()
-                probe = torch.randn(8, in_features)
+                probe = torch.randn(24, in_features)  # a chunk of 16 rows (AMX where allowed) and 8 more
                 independent = {}
                 for name, lib in libs.items():
                     with native.using(lib):
+                        native.amx(tiles[name])
                         whole = native.mm_blocks(kind, probe, packed, out_features)
                         independent[name] = all(torch.equal(native.mm_blocks(kind, probe[i:i + 1], packed,
                                                                              out_features), whole[i:i + 1])
-                                                for i in range(8))
+                                                for i in range(24))
                 for m in ROWS:
                     x = torch.randn(m, in_features)
                     reps = max(3, int(4e8 // (m * out_features * in_features)))
@@ -93,6 +104,7 @@ def main() -> int:
                     for _ in range(args.rounds):
                         for name, lib in libs.items():
                             with native.using(lib):
+                                native.amx(tiles[name])
                                 native.mm_blocks(kind, x, packed, out_features)
                                 start = time.perf_counter()
                                 for _ in range(reps):

@@ -365,9 +365,9 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
  * those of block_rows, and each row still depends only on itself.
  *
  * Each group's sums must leave the tiles for their float step (the scales change every 32 inputs), and the
- * tile loads, stores and products this takes per group cost about as much at 2-8 rows as VNNI's whole
- * group: measured on one core with the weights in the cache, 16 rows ran 1.15x and 64 rows 1.2x faster than
- * VNNI, 2-4 rows 1.4-2x slower. So only whole chunks of 16 rows use the tiles.
+ * tile loads, stores and products this takes per group cost more than VNNI's whole group at 2-8 rows (a
+ * version that used the tiles from 2 rows was slower there); from 16 rows the tiles are faster
+ * (bench/results/kernel_blocks_amx/). So only whole chunks of 16 rows use the tiles.
  *
  * Tiles: 0-3 the sums of outputs 16 c .. 16 c + 15 ([16, 16] int32), 4 the group's activations ([16, 32]
  * int8, one row of xq each), 5-7 the weights of 16 outputs ([8 quads, 16 outputs x 4 inputs] bytes, the
