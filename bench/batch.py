@@ -9,7 +9,10 @@ and the default as BatchEngine runs it (``depth_policy="cost"``: each step's dep
 the measured cost of a step, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
 arrival to the last finish; TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
 output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
-run interleaved cell by cell, so their ratios are measured side by side; every greedy request's tokens are
+run interleaved cell by cell, so their ratios are measured side by side; with ``--repeats R`` each cell runs R
+times, the configurations in a rotated order each time, and reports the run of median throughput (every
+run's tokens/s is in the JSON: one run of a cell lasts a second or two, about as long as this machine's
+swings in speed); every greedy request's tokens are
 checked against plain decoding of it alone. The machine may be shared: the 1-minute load average before
 every cell is recorded. Writes ``bench/results/batch.{json,md,png}``.
 
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stagger", type=int, default=2, help="engine steps between two arrivals")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each cell (the median one is reported)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     default = resolve_settings()
@@ -121,19 +125,26 @@ def main(argv: list[str] | None = None) -> int:
         steps = speculative.step_cost().seconds
         step_costs[threads] = {f"{r} rows, depth {t - 1}": 1000 * steps[(r, t)] for r, t in sorted(steps)}
         for concurrency in args.concurrency:
-            for name, decoder in configurations.items():
-                load = os.getloadavg()[0]
-                cell = run_cell(decoder, prompts[:concurrency], args.max_new_tokens, args.stagger,
-                                tokenizer.eos_token_id, **engine_options[name])
-                for i, got in enumerate(cell.pop("tokens")):
-                    if i not in alone:
-                        alone[i] = plain_decoder.generate([prompts[i]], max_new_tokens=args.max_new_tokens,
-                                                          eos_token_id=tokenizer.eos_token_id).tokens[0]
-                    identical &= got == alone[i]
-                rows.append({"threads": threads, "concurrency": concurrency, "configuration": name,
-                             "load_average_before": load, **cell})
-                print(f"{threads} thr, {concurrency} requests, {name}: {cell['tokens_per_s']:.1f} tok/s "
-                      f"(load {load:.1f})", flush=True)
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configurations}
+            names = list(configurations)
+            for repeat in range(max(1, args.repeats)):
+                for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+                    load = os.getloadavg()[0]
+                    cell = run_cell(configurations[name], prompts[:concurrency], args.max_new_tokens, args.stagger,
+                                    tokenizer.eos_token_id, **engine_options[name])
+                    for i, got in enumerate(cell.pop("tokens")):
+                        if i not in alone:
+                            alone[i] = plain_decoder.generate([prompts[i]], max_new_tokens=args.max_new_tokens,
+                                                              eos_token_id=tokenizer.eos_token_id).tokens[0]
+                        identical &= got == alone[i]
+                    runs[name].append({"load_average_before": load, **cell})
+            for name, done in runs.items():
+                middle = sorted(done, key=lambda run: run["tokens_per_s"])[(len(done) - 1) // 2]
+                rows.append({"threads": threads, "concurrency": concurrency, "configuration": name, **middle,
+                             "tokens_per_s_of_every_run": [run["tokens_per_s"] for run in done]})
+                every = ", ".join(f"{run['tokens_per_s']:.0f}" for run in done)
+                print(f"{threads} thr, {concurrency} requests, {name}: {middle['tokens_per_s']:.1f} tok/s "
+                      f"(runs {every})", flush=True)
     for row in rows:
         one = next(r for r in rows if r["threads"] == row["threads"] and r["concurrency"] == 1
                    and r["configuration"] == row["configuration"])
@@ -159,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
             "; ".join(f"{threads} thread(s): " + ", ".join(f"{k} {v:.1f}" for k, v in table.items())
                       for threads, table in step_costs.items()),
     }
-    table = ["| threads | requests | configuration | tok/s | x one at a time | x plain | TTFT p50 / p95 (s) | "
-             "TPOT p50 / p95 (ms) | accepted/step | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    table = ["| threads | requests | configuration | tok/s (median run) | every run | x one at a time | x plain | "
+             "TTFT p50 / p95 (s) | TPOT p50 / p95 (ms) | accepted/step | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        table.append(f"| {r['threads']} | {r['concurrency']} | {r['configuration']} | {r['tokens_per_s']:.1f} | "
+        every = ", ".join(f"{v:.0f}" for v in r["tokens_per_s_of_every_run"])
+        table.append(f"| {r['threads']} | {r['concurrency']} | {r['configuration']} | {r['tokens_per_s']:.1f} | {every} | "
                      f"{r['speedup_over_one_at_a_time']:.2f} | {r['ratio_to_plain']:.2f} | "
                      f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | "
                      f"{1000 * r['tpot_p50_s']:.0f} / {1000 * r['tpot_p95_s']:.0f} | "
