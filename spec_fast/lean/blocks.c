@@ -480,7 +480,8 @@ static void block_rows_amx(int kind, const int8_t *restrict xq, const float *res
     amx_group_steps(kind, rows, packed + (groups - 1) * group_bytes, groups - 1, groups, dx, sx,
                     sums[(groups - 1) & 1], acc);
     for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < VECS; ++c) store_outputs(y + r * ldy, c, width, _mm512_load_ps(acc + r * BLOCK + c * LANES));
+        for (int c = 0; c < VECS; ++c)
+            store_outputs(y + r * ldy, c, width, _mm512_load_ps(acc + r * BLOCK + c * LANES));
 }
 #endif
 

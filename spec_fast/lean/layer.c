@@ -511,9 +511,9 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
 /* The commit of a pass's kept cache entries for rows of different lengths: in every layer l and row b, the
  * entry at slot source[b, i] moves to slot target[b, i] for i < counts[b] (keys[l] and values[l] are
  * [B, H_kv, capacity, D] buffers of element_bytes-wide elements). A row's kept entries are all read before
- * any is written (its targets may overlap its sources). One call for every layer replaces a gather and a scatter per buffer and layer in
- * torch. Returns 0; -1 when scratch memory could not be allocated, -2 when an index is outside
- * [0, capacity) or a count outside [0, most] (nothing is written then). */
+ * any is written (its targets may overlap its sources). One call for every layer replaces a gather and a
+ * scatter per buffer and layer in torch. Returns 0; -1 when scratch memory could not be allocated, -2 when an
+ * index is outside [0, capacity) or a count outside [0, most] (nothing is written then). */
 int64_t spec_fast_move_entries(int64_t layers, void *const *keys, void *const *values, int64_t batch,
                                int64_t heads, int64_t capacity, int64_t dim, const int64_t *source,
                                const int64_t *target, const int64_t *counts, int64_t most, int64_t element_bytes) {

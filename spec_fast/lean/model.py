@@ -131,7 +131,8 @@ class Attention(nn.Module):
         rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
         wide = self.attention_dtype
         stored = self.kv_cache_dtype or wide  # rounded once when stored, as the native layer does
-        keys, values = cache.append(rotated[:, self.heads :].to(stored), qkv[:, self.heads + self.kv_heads :].to(stored))
+        keys, values = cache.append(rotated[:, self.heads :].to(stored),
+                                    qkv[:, self.heads + self.kv_heads :].to(stored))
         keys, values = keys.to(wide), values.to(wide)
         # grouped-query attention without repeating keys (SDPA's enable_gqa), HF's 1/sqrt(D) scaling
         out = nn.functional.scaled_dot_product_attention(

@@ -37,9 +37,10 @@ import torch
 
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available", "build", "disabled",
-           "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer",
-           "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available",
+           "build", "disabled", "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks",
+           "pack_float32", "round_half", "run_layer", "unavailable_reason", "unpack_blocks", "unpack_float32",
+           "using"]
 
 _VERSION = 9
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
@@ -470,8 +471,8 @@ def round_half(x: torch.Tensor) -> torch.Tensor:
 def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor, target: torch.Tensor,
                  counts: torch.Tensor) -> None:
     """In every ``(keys, values)`` of ``buffers`` (``[B, H_kv, capacity, D]`` contiguous CPU buffers of one
-    shape and one dtype, float32 or float16) and row ``b``, move the entry at slot ``source[b, i]`` to slot ``target[b, i]`` for
-    ``i < counts[b]``, every kept entry of a row read before any is written (``layer.c``,
+    shape and one dtype, float32 or float16) and row ``b``, move the entry at slot ``source[b, i]`` to slot
+    ``target[b, i]`` for ``i < counts[b]``, every kept entry of a row read before any is written (``layer.c``,
     ``spec_fast_move_entries``). ``source, target [B, M]`` and ``counts [B]`` are int64; an index outside the
     buffers or a count outside ``[0, M]`` is a ValueError and nothing moves."""
     lib = _library()
