@@ -267,6 +267,16 @@ def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_th
     assert choose_depth(cost, 8, 3, reached, accepted) == 0
     assert choose_depth(cost, 1, 3, [100], [0]) == 0  # nothing accepted at depth 1: plain steps
     assert cost(4, 2) == cost(8, 2) and cost(16, 9) == 2 * cost(8, 4)
+    # a depth must promise DRAFT_MARGIN over plain steps: depth 1 at 1.3x a plain step pays with acceptance
+    # a when (1 + a) / 1.3 > 1 + DRAFT_MARGIN, so not at a = 0.4 (1.077) and at a = 0.5 (1.154)
+    from spec_fast.engine.batch_depth import DRAFT_MARGIN, PRIOR_WEIGHT
+
+    assert DRAFT_MARGIN == 0.1
+    shallow = PassCost({(1, 1): 1.0, (1, 2): 1.3})
+    many = 10_000  # enough steps that the prior no longer counts
+    assert choose_depth(shallow, 1, 1, [many], [int(0.4 * many)]) == 0
+    assert choose_depth(shallow, 1, 1, [many], [int(0.5 * many)]) == 1
+    assert PRIOR_WEIGHT < many / 100
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
@@ -308,7 +318,13 @@ def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controlle
 
     monkeypatch.setattr(SpeculativeDecoder, "step", recording)
     before = decoder.controller.__dict__.copy() if decoder.controller is not None else None
+    begun: list[list[list[int]]] = []
+    begin = SpeculativeDecoder.begin
+    monkeypatch.setattr(SpeculativeDecoder, "begin",
+                        lambda self, prompts, *args: begun.append(prompts) or begin(self, prompts, *args))
     cost = measure_step_cost(decoder, depth, rows=(1, 3), context=6, repeats=2)
+    # each prompt is a run said twice: a drafter that copies from the context finds what to draft
+    assert [len(p) for p in begun] == [1, 3] and all(p[:3] == p[3:] for prompts in begun for p in prompts)
     assert set(cost.seconds) == {(r, d + 1) for r in (1, 3) for d in range(depth + 1)}
     assert all(seconds > 0 for seconds in cost.seconds.values())
     assert caps == [d for _ in (1, 3) for d in range(depth + 1) for _ in range(3)]  # 1 untimed + 2 timed each
