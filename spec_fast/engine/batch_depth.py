@@ -40,7 +40,8 @@ PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 4.0
 #: the share of throughput over plain steps a drafting depth must promise: a point of the step table moves by
 #: about a tenth between two measurements on this machine, so a smaller promised gain was as likely a loss
-#: (bench/results/batch.md: drafting at 2 rows on a promised gain of about a tenth, 0.86x plain)
+#: (bench/results/batch.md as committed at c03fa10: drafting at 2 rows on a promised gain of about a tenth
+#: decoded 0.86x plain)
 DRAFT_MARGIN = 0.1
 
 
