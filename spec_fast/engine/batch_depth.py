@@ -11,9 +11,10 @@ picks the depth ``d`` in ``0 .. max depth`` that maximises the expected tokens p
 
     rows * E_d / cost(rows, d + 1),    E_d = 1 + sum_{k=1..d} prod_{j=1..k} a_j,
 
-where ``a_j`` is the batch's running acceptance rate at depth ``j`` (accepted / reached over the steps so
-far of this running batch, with ``PRIOR_WEIGHT`` pseudo-steps at ``PRIOR_ACCEPTANCE``); ``d = 0`` is a plain
-step, and a depth ``d > 0`` is taken only where it promises ``DRAFT_MARGIN`` more than plain steps. The choice is made before any draw of the step and is a function of the measured table and the
+where ``a_j`` is the batch's recent acceptance rate at depth ``j`` (accepted / reached over the steps of this
+running batch, each step's counts shrunk by ``EVIDENCE_DECAY`` at every later step (:class:`DepthEvidence`),
+with ``PRIOR_WEIGHT`` pseudo-steps at ``PRIOR_ACCEPTANCE``); ``d = 0`` is a plain step, and a depth ``d > 0``
+is taken only where it promises ``DRAFT_MARGIN`` more than plain steps. The choice is made before any draw of the step and is a function of the measured table and the
 batch's committed history only, so the output law of every request is the target's and a seeded run is
 reproducible for the same arrival schedule and table (docs/engine.md section 10). Steps are timed with
 greedy rows: a sampled step's verification costs more than the table says.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,8 +33,8 @@ import torch
 from spec_fast.decoding import SamplingParams
 from spec_fast.kv_cache import TreeKVCache
 
-__all__ = ["PassCost", "measure_pass_cost", "measure_step_cost", "choose_depth", "DRAFT_MARGIN", "PRIOR_ACCEPTANCE",
-           "PRIOR_WEIGHT"]
+__all__ = ["DepthEvidence", "PassCost", "measure_pass_cost", "measure_step_cost", "choose_depth", "DRAFT_MARGIN",
+           "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT"]
 
 #: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
 PRIOR_ACCEPTANCE = 0.5
@@ -43,6 +44,34 @@ PRIOR_WEIGHT = 4.0
 #: (bench/results/batch.md as committed at c03fa10: drafting at 2 rows on a promised gain of about a tenth
 #: decoded 0.86x plain)
 DRAFT_MARGIN = 0.1
+#: the weight a step's acceptance counts keep at each later step. With counts that never fade, a depth the
+#: policy stopped drafting kept the estimate that stopped it, and a text whose drafts start paying later was
+#: decoded plain to its end; fading, the prior's pull returns and the depth is tried again after a few steps.
+EVIDENCE_DECAY = 0.9
+
+
+@dataclass
+class DepthEvidence:
+    """The acceptance counts :func:`choose_depth` reads for a running batch: ``reached[j]`` / ``accepted[j]``
+    (row, step) pairs whose tree reached / accepted depth ``j + 1``, every step's counts shrunk by
+    ``EVIDENCE_DECAY`` at each later step; folded in from the batch's cumulative counters
+    (:class:`~spec_fast.metrics.GenerationMetrics`' ``depth_reached`` / ``depth_accepted``) once per step."""
+
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    total_reached: list[int] = field(default_factory=list)
+    total_accepted: list[int] = field(default_factory=list)
+
+    def update(self, total_reached: Sequence[int], total_accepted: Sequence[int]) -> None:
+        """One step later: shrink the counts, then add what the cumulative counters gained since the last call."""
+        for counts, seen, totals in ((self.reached, self.total_reached, total_reached),
+                                     (self.accepted, self.total_accepted, total_accepted)):
+            while len(counts) < len(totals):
+                counts.append(0.0)
+                seen.append(0)
+            for j, total in enumerate(totals):
+                counts[j] = counts[j] * EVIDENCE_DECAY + (total - seen[j])
+                seen[j] = total
 
 
 @dataclass(frozen=True)
@@ -140,10 +169,11 @@ def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2,
     return PassCost(seconds)
 
 
-def choose_depth(cost: PassCost, rows: int, max_depth: int, reached: Sequence[int], accepted: Sequence[int]) -> int:
+def choose_depth(cost: PassCost, rows: int, max_depth: int, reached: Sequence[float],
+                 accepted: Sequence[float]) -> int:
     """The depth in ``0 .. max_depth`` with the most expected tokens per second for ``rows`` rows (module
     docstring); ``reached[j]`` / ``accepted[j]``: (row, step) pairs whose tree reached / accepted depth
-    ``j + 1`` so far (:class:`~spec_fast.metrics.GenerationMetrics`' ``depth_reached`` / ``depth_accepted``)."""
+    ``j + 1`` (:class:`DepthEvidence`' faded counts, or any others)."""
     if rows < 1 or max_depth < 1:
         return 0
     best, best_rate = 0, rows / cost(rows, 1) * (1.0 + DRAFT_MARGIN)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_fast.engine.adaptive import AdaptiveController
-from spec_fast.engine.batch_depth import PassCost
+from spec_fast.engine.batch_depth import DepthEvidence, PassCost
 from spec_fast.drafts.batch import HeadTrack
 from spec_fast.decoding import SamplingParams
 from spec_fast.draws import STEP_STRIDE, RowStreams
@@ -64,6 +64,8 @@ class DecodeState:
     #: set: each step's depth is chosen from the batch's size and this measured cost of a step by rows and
     #: depth (:func:`spec_fast.engine.batch_depth.choose_depth`); None: the strategy's depth
     step_cost: PassCost | None = None
+    #: the acceptance counts that choice reads (faded step by step)
+    depth_evidence: DepthEvidence = field(default_factory=DepthEvidence)
     #: this step's deepest draft per row (:meth:`spec_fast.engine.SpeculativeDecoder.depth_caps`)
     depth_caps: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)

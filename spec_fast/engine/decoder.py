@@ -266,8 +266,9 @@ class SpeculativeDecoder:
         ``st.step_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch."""
         depth = self.strategy.depth
         if st.step_cost is not None and self.strategy.drafts:
-            depth = choose_depth(st.step_cost, sum(st.active), depth, st.metrics.depth_reached,
-                                 st.metrics.depth_accepted)
+            evidence = st.depth_evidence
+            evidence.update(st.metrics.depth_reached, st.metrics.depth_accepted)
+            depth = choose_depth(st.step_cost, sum(st.active), depth, evidence.reached, evidence.accepted)
         return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
                 for b in range(st.batch_size)]
 

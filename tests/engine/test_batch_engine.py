@@ -279,6 +279,28 @@ def test_the_cost_policy_picks_deep_trees_when_passes_are_cheap_and_none_when_th
     assert PRIOR_WEIGHT < many / 100
 
 
+def test_a_depth_the_policy_stopped_drafting_is_tried_again_as_its_evidence_fades() -> None:
+    from spec_fast.engine.batch_depth import EVIDENCE_DECAY, DepthEvidence, PassCost, choose_depth
+
+    cost = PassCost({(1, 1): 1.0, (1, 2): 1.165})
+    evidence = DepthEvidence()
+    evidence.update([14], [3])  # 3 of 14 early drafts accepted: below what depth 1 needs here
+    assert (evidence.reached, evidence.accepted) == ([14.0], [3.0])
+    assert choose_depth(cost, 1, 1, evidence.reached, evidence.accepted) == 0
+    plain_steps = 0
+    while choose_depth(cost, 1, 1, evidence.reached, evidence.accepted) == 0:
+        evidence.update([14], [3])  # a plain step: nothing reached, so the counters do not move
+        plain_steps += 1
+        assert plain_steps < 20
+    assert 1 <= plain_steps <= 8
+    assert evidence.reached[0] == pytest.approx(14 * EVIDENCE_DECAY ** plain_steps)
+    # new drafts count in full, the old ones faded
+    evidence.update([16], [5])
+    assert evidence.reached[0] == pytest.approx(14 * EVIDENCE_DECAY ** (plain_steps + 1) + 2)
+    # without fading, the estimate that stopped drafting would never move: plain to the end
+    assert all(choose_depth(cost, 1, 1, [14], [3]) == 0 for _ in range(50))
+
+
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from spec_fast.engine.batch_depth import measure_pass_cost
