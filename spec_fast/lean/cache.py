@@ -14,7 +14,7 @@ import torch
 
 from spec_fast.lean import native
 
-__all__ = ["LeanKVCache", "LeanLayerCache"]
+__all__ = ["LeanKVCache", "LeanLayerCache", "uninitialised"]
 
 #: slots allocated on first use (doubled whenever a pass needs more)
 INITIAL_SLOTS = 256
@@ -95,11 +95,19 @@ class LeanLayerCache:
             capacity *= 2
         batch, heads, _, dim = like.shape
         old_keys, old_values = self._keys, self._values
-        self._keys = like.new_zeros(batch, heads, capacity, dim)
-        self._values = like.new_zeros(batch, heads, capacity, dim)
+        self._keys = uninitialised(like, batch, heads, capacity, dim)
+        self._values = uninitialised(like, batch, heads, capacity, dim)
         if old_keys is not None and old_values is not None:
             self._keys[:, :, : self.key_length] = old_keys[:, :, : self.key_length]
             self._values[:, :, : self.value_length] = old_values[:, :, : self.value_length]
+
+
+def uninitialised(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A cache buffer of ``like``'s dtype and device, not zeroed: no slot at or past a layer's length is read
+    before a pass writes it (the views end at the length; the native layer reads only the slots it attends).
+    Zeroing 256 or more slots per buffer made each join or departure of a request write as many bytes as a
+    step reads. The tests fill these with NaN to show that no slot is read early."""
+    return like.new_empty(*shape)
 
 
 def _assign(buffer: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -116,7 +124,7 @@ def _assign(buffer: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tenso
         return buffer, length
     if buffer is None or buffer.shape[0] != new.shape[0] or length > buffer.shape[2]:
         capacity = max(INITIAL_SLOTS, length)
-        fresh = new.new_zeros(new.shape[0], new.shape[1], capacity, new.shape[3])
+        fresh = uninitialised(new, int(new.shape[0]), int(new.shape[1]), capacity, int(new.shape[3]))
         fresh[:, :, :length] = new
         return fresh, length
     buffer[:, :, :length] = new

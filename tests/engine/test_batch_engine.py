@@ -363,3 +363,27 @@ def test_with_the_cost_policy_greedy_requests_decode_as_alone_and_a_seeded_sched
     for i, arrival in enumerate(arrivals):
         if arrival.sampling.greedy and first[1][i] == "length":
             assert first[0][i] == alone(decoder, arrival)
+
+
+@pytest.mark.parametrize("native_layers", [True, False], ids=["native-layer", "python-layer"])
+def test_the_lean_cache_never_reads_a_slot_before_writing_it(native_layers: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lean cache's buffers are not zeroed (spec_fast.lean.cache.uninitialised); filled with NaN here, any
+    # slot read before a pass wrote it (a join, a departure, a commit, a growing buffer) would turn a logit NaN
+    from spec_fast.lean import cache as lean_cache
+
+    lean = LeanLlama.from_hf(TARGET, "float32")
+    lean.use_native_layers(native_layers)
+    decoder = decoder_for("chain:3", lean, EarlyExitDrafter(lean, 2))
+    arrivals = schedule(seed=5, sampled=True, greedy=True)
+    monkeypatch.setattr(lean_cache, "INITIAL_SLOTS", 4)  # buffers grow inside passes as well
+    for fill in (0.0, float("nan")):
+        monkeypatch.setattr(lean_cache, "uninitialised", lambda like, *shape, fill=fill: torch.full(
+            shape, fill, dtype=like.dtype, device=like.device))
+        if fill == 0.0:
+            expected = run(decoder, arrivals)
+    assert run(decoder, arrivals) == expected
+    # control: a reader past the length does see the NaN
+    buffer = lean_cache.LeanLayerCache()
+    buffer.keys = torch.zeros(1, 1, 2, 8)
+    assert bool(buffer._keys[:, :, 2:].isnan().all()) and not bool(buffer.keys.isnan().any())
