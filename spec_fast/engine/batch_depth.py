@@ -141,10 +141,11 @@ def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2,
     prompt tokens, at each draft depth ``0 .. max_depth``, keyed ``(rows, depth + 1)``; each point is the
     median of ``repeats`` steps after one untimed step. The pass table alone leaves out what drafting and
     verification add to a step, so a policy reading it drafts where that does not pay. Each prompt is a random
-    run of tokens said twice, so that a drafter that copies from the context (retrieval) finds a continuation
-    and drafts the whole depth: on random tokens alone it drafted nothing, and the table priced a drafting
-    step as a plain one. The steps run on a throwaway state without the decoder's ``+adaptive`` controller,
-    which they would otherwise teach."""
+    run of tokens said twice, so that a drafter that copies from the context (retrieval) finds continuations
+    there and its drafts are accepted about as often as on real text: behind random tokens alone they were
+    almost never accepted, and the timed steps left out what committing an accepted draft costs. The steps
+    run on a throwaway state without the decoder's ``+adaptive`` controller, which they would otherwise
+    teach."""
     target = decoder.target
     vocab = int(target.get_output_embeddings().weight.shape[0])
     generator = torch.Generator().manual_seed(0)
