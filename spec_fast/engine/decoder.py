@@ -267,13 +267,14 @@ class SpeculativeDecoder:
         depth = self.strategy.depth
         if st.step_cost is not None and self.strategy.drafts:
             evidence = st.depth_evidence
-            evidence.update(st.metrics.depth_reached, st.metrics.depth_accepted)
             depth = choose_depth(st.step_cost, sum(st.active), depth, evidence.reached, evidence.accepted)
         return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
                 for b in range(st.batch_size)]
 
     def step(self, st: DecodeState) -> list[list[int]]:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""
+        if st.step_cost is not None and self.strategy.drafts:  # once a step: the counts fade by steps
+            st.depth_evidence.update(st.metrics.depth_reached, st.metrics.depth_accepted)
         caps = self.depth_caps(st)
         hint = match_hint(st.heads, st.active, self.dual is not None) if st.controller is not None else 0
         speculate = st.controller.speculate(hint) if st.controller is not None else True
