@@ -401,7 +401,7 @@ class LeanLlama(nn.Module):
         read back exactly, in the native layer and the Python one alike: a token's cache entries are the same
         whichever pass stored them, so greedy speculative output still equals plain decoding. Call before
         decoding (a cache already holding entries of the other dtype is not converted)."""
-        if dtype not in (torch.float32, torch.float16):
+        if dtype not in native.CACHE_DTYPES:
             raise ValueError(f"dtype must be torch.float32 or torch.float16, got dtype={dtype!r}")
         layers: list[Any] = list(self.model.layers)
         for layer in layers:
