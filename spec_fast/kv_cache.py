@@ -10,6 +10,7 @@ the cache of a fresh prefill of the accepted text, without re-running any accept
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -276,6 +277,34 @@ class TreeKVCache:
         self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
         self.passes += other.passes
         self._resize(new_size)
+
+    def load_context(self, rows: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]] | None]) -> None:
+        """Fill an empty cache with committed entries computed earlier (a reused prompt prefix): row b gets
+        ``rows[b]`` (per layer ``(keys, values)`` each ``[H, n_b, D]``; None: no entries), left-aligned and
+        padded to the longest row, as a commit would leave them."""
+        if self.context_size > 0 or self.num_block > 0:
+            raise ValueError("load_context needs an empty cache")
+        if len(rows) != self.batch_size:
+            raise ValueError(f"rows must hold {self.batch_size} rows, got {len(rows)}")
+        given = [r for r in rows if r is not None and len(r) > 0]
+        if not given:
+            return
+        layers: list[Any] = list(self.cache.layers)
+        if any(len(r) != len(layers) for r in given):
+            raise ValueError(f"every row must hold {len(layers)} layers of entries")
+        counts = [0 if r is None or len(r) == 0 else int(r[0][0].shape[1]) for r in rows]
+        size = max(counts)
+        for i, layer in enumerate(layers):
+            like = given[0][i][0]
+            keys = like.new_zeros(self.batch_size, like.shape[0], size, like.shape[2])
+            values = torch.zeros_like(keys)
+            for b, row in enumerate(rows):
+                if counts[b] > 0 and row is not None:
+                    keys[b, :, : counts[b]] = row[i][0]
+                    values[b, :, : counts[b]] = row[i][1]
+            layer.keys, layer.values = keys, values
+        self.lengths = torch.tensor(counts, dtype=torch.long, device=self.device)
+        self._resize(size)
 
     def _check_between_steps(self, operation: str) -> None:
         if self.num_block > 0:

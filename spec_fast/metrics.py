@@ -39,6 +39,8 @@ class GenerationMetrics:
     strategy: str = ""
     batch_size: int = 1
     prompt_tokens: int = 0
+    #: prompt tokens whose cache entries a prefix cache supplied (not prefilled)
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     target_passes: int = 0
     draft_passes: int = 0

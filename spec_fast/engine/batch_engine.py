@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from spec_fast.engine.decode_state import DecodeState
+from spec_fast.engine.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache, reuse_is_exact
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
@@ -63,7 +64,8 @@ class StepDecoder(Protocol):
                       name: str = "prompt") -> None: ...
 
     def begin(self, prompts: list[list[int]], max_new: list[int], samplings: list[SamplingParams],
-              streams: list[int], eos: set[int], record_trees: bool = False) -> DecodeState: ...
+              streams: list[int], eos: set[int], record_trees: bool = False,
+              prefix_cache: PrefixCache | None = None) -> DecodeState: ...
 
     def step(self, st: DecodeState) -> list[list[int]]: ...
 
@@ -83,6 +85,8 @@ class RequestStats:
     ``ttft_s`` to its first token, ``wall_s`` to its end (or the last step)."""
 
     prompt_tokens: int = 0
+    #: prompt tokens whose cache entries were reused from an earlier prompt (not prefilled)
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     target_passes: int = 0
     draft_tokens: int = 0
@@ -169,6 +173,11 @@ class BatchEngine:
     the batch until the last ends (their state remains readable), and requests are admitted only into an
     empty batch.
 
+    ``prefix_cache_tokens``: the budget (prompt tokens) of the :class:`~spec_fast.engine.prefix_cache.PrefixCache`
+    through which admissions reuse the cache entries of prompt prefixes seen before; None (the default) gives
+    :data:`~spec_fast.engine.prefix_cache.DEFAULT_PREFIX_CACHE_TOKENS` where reuse is exact for the target
+    (:func:`~spec_fast.engine.prefix_cache.reuse_is_exact`) and the batch is not static, else none; 0 turns
+    it off. Reuse changes no token of any request, only the prefill's work.
     Strategies that decide for the whole batch admit only requests compatible with it, the others waiting
     in order: a dual draft does not mix greedy and sampled requests, and ``nde`` (whose selector picks one
     shape per step for the batch) decodes static batches of one sampling law. Not thread-safe: call every
@@ -177,7 +186,8 @@ class BatchEngine:
 
     def __init__(self, decoder: StepDecoder, max_batch_size: int = 4, max_waiting: int | None = None,
                  tokenizer: Any | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 *, depth_policy: str = "cost", static: bool = False, record_trees: bool = False) -> None:
+                 *, depth_policy: str = "cost", static: bool = False, record_trees: bool = False,
+                 prefix_cache_tokens: int | None = None) -> None:
         if not isinstance(decoder, StepDecoder):
             raise ValueError(f"decoder must be a SpeculativeDecoder, got {type(decoder).__name__}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -192,6 +202,16 @@ class BatchEngine:
             raise ValueError(f"eos_token_id must be None, an int or a sequence of ints, got eos_token_id={eos_token_id!r}")
         if depth_policy not in DEPTH_POLICIES:
             raise ValueError(f"depth_policy must be one of {DEPTH_POLICIES}, got depth_policy={depth_policy!r}")
+        if prefix_cache_tokens is not None and (isinstance(prefix_cache_tokens, bool) or not isinstance(
+                prefix_cache_tokens, int) or prefix_cache_tokens < 0):
+            raise ValueError(f"prefix_cache_tokens must be None or an integer >= 0, got "
+                             f"prefix_cache_tokens={prefix_cache_tokens!r}")
+        exact = reuse_is_exact(getattr(decoder, "target", None), getattr(decoder, "device", torch.device("cpu")))
+        if prefix_cache_tokens and not exact:
+            raise ValueError(f"prefix_cache_tokens={prefix_cache_tokens} needs a target whose reused cache entries "
+                             "equal recomputed ones (the lean model on the CPU); pass 0 or None")
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if exact and not static else 0
         if not static and max_batch_size > 1:
             _check_row_operations(decoder.drafter)
         self.decoder = decoder
@@ -202,6 +222,8 @@ class BatchEngine:
         self.static = static
         self.depth_policy = depth_policy
         self.record_trees = record_trees
+        #: the prompt prefixes admissions reuse (None: off)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         #: the running batch (None when empty): row b is request ``self._rows[b]``
         self.state: DecodeState | None = None
         self._rows: list[_Request] = []
@@ -328,7 +350,9 @@ class BatchEngine:
             request.stats.queue_s = now - request.arrival
         joining = self.decoder.begin([r.prompt for r in admitted], [r.max_new_tokens for r in admitted],
                                      [r.sampling for r in admitted], [r.stream for r in admitted], self.eos,
-                                     self.record_trees)
+                                     self.record_trees, self.prefix_cache)
+        for request, cached in zip(admitted, joining.cached_prompt):
+            request.stats.cached_prompt_tokens = cached
         if self.depth_policy == "cost" and self.decoder.strategy.drafts:
             joining.step_cost = self.decoder.step_cost()
         if self.state is None:

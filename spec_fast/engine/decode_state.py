@@ -70,6 +70,8 @@ class DecodeState:
     depth_caps: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)
     step_drafted: list[int] = field(default_factory=list)
+    #: per row: the prompt tokens whose cache entries its prefill reused (:mod:`spec_fast.engine.prefix_cache`)
+    cached_prompt: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -105,7 +107,7 @@ class DecodeState:
             head.state = head.drafter.take_rows(head.state, rows)
             head.pending = [head.pending[b] for b in rows]
         for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "fresh",
-                     "step_accepted", "step_drafted", "depth_caps"):
+                     "step_accepted", "step_drafted", "depth_caps", "cached_prompt"):
             values = getattr(self, name)
             setattr(self, name, [values[b] for b in rows] if values else values)
         self.draft_keys = self.draft_keys.index_select(0, index)
@@ -127,12 +129,13 @@ class DecodeState:
             head.state = head.drafter.join_rows(head.state, joining.state)
             head.pending = head.pending + joining.pending
             head.prefilled = head.prefilled or joining.prefilled
-        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "fresh"):
+        for name in ("samplings", "max_new", "roots", "outputs", "committed", "active", "fresh", "cached_prompt"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.step_accepted = self.step_accepted + [-1] * other.batch_size
         self.step_drafted = self.step_drafted + [-1] * other.batch_size
         self.depth_caps = []
         self.metrics.prompt_tokens += other.metrics.prompt_tokens
+        self.metrics.cached_prompt_tokens += other.metrics.cached_prompt_tokens
         self.draft_keys = torch.cat([self.draft_keys, other.draft_keys])
         self.verify_keys = torch.cat([self.verify_keys, other.verify_keys])
         self.row_steps = torch.cat([self.row_steps, other.row_steps])

@@ -52,7 +52,8 @@ from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_co
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.engine.decode_state import DecodeState
-from spec_fast.engine.prefill import prefill_drafter, prefill_target
+from spec_fast.engine.prefill import prefill_drafter, prefill_target, prefill_target_reusing
+from spec_fast.engine.prefix_cache import PrefixCache
 from spec_fast.engine.proposers import make_proposer
 from spec_fast.engine.step_verify import VerifyStreams, draft_law, verify_rows, verify_sampled
 from spec_fast.flat_tree import FlatTree
@@ -214,9 +215,11 @@ class SpeculativeDecoder:
         return GenerationResult(tokens=state.outputs, metrics=metrics, trees=state.trees or [], state=state)
 
     def begin(self, prompts: list[list[int]], max_new: list[int], samplings: list[SamplingParams],
-              streams: list[int], eos: set[int], record_trees: bool = False) -> DecodeState:
+              streams: list[int], eos: set[int], record_trees: bool = False,
+              prefix_cache: PrefixCache | None = None) -> DecodeState:
         """A state of ``len(prompts)`` new rows: the target (and the drafters, unless the controller starts
-        with plain steps) prefilled. Row b decodes ``prompts[b]`` with ``samplings[b]`` from stream
+        with plain steps) prefilled, reusing cached prompt prefixes from ``prefix_cache`` where the strategy
+        needs no target states of the prompt. Row b decodes ``prompts[b]`` with ``samplings[b]`` from stream
         ``streams[b]`` of its seed (:func:`spec_fast.draws.stream_keys`)."""
         batch = len(prompts)
         proposer = self.proposer
@@ -226,8 +229,13 @@ class SpeculativeDecoder:
         wants_hidden = proposer.reads_target_hidden or any(
             bool(getattr(d, "wants_target_hidden", False)) for d in drafters)
         target_cache = TreeKVCache(self.target, batch, self.device)
-        root_logits, root_hidden, observe, previous = prefill_target(target_cache, prompts, self.device,
-                                                                     wants_hidden, proposer.reads_previous)
+        if prefix_cache is not None and not wants_hidden and not proposer.reads_previous:
+            root_logits, cached = prefill_target_reusing(target_cache, prompts, self.device, prefix_cache)
+            root_hidden = observe = previous = None
+        else:
+            root_logits, root_hidden, observe, previous = prefill_target(target_cache, prompts, self.device,
+                                                                         wants_hidden, proposer.reads_previous)
+            cached = [0] * batch
         # +adaptive steers greedy rows only: at T > 0 the kind of a step changes which sample a seed gives
         controller = self.controller if all(s.greedy for s in samplings) else None
         # a controller that prefers plain steps skips the draft prefill: the prompt waits as pending tokens
@@ -243,7 +251,7 @@ class SpeculativeDecoder:
                 track.prefilled = prefill_drafter(drafter, track.state, prompts, self.device)
             heads.append(track)
         metrics = GenerationMetrics(strategy=self.label(samplings[0]), batch_size=batch,
-                                    prompt_tokens=sum(len(p) for p in prompts))
+                                    prompt_tokens=sum(len(p) for p in prompts), cached_prompt_tokens=sum(cached))
         if self.dual is not None:
             metrics.head_accepted_tokens = [0, 0]
             metrics.head_selected = [0, 0]
@@ -257,7 +265,7 @@ class SpeculativeDecoder:
             row_steps=torch.zeros(batch, dtype=torch.long, device=self.device), fresh=[True] * batch,
             root_logits=root_logits, root_hidden=root_hidden, trees=[] if record_trees else None,
             proposal=proposer.begin(batch, self.device, previous), step_accepted=[-1] * batch,
-            step_drafted=[-1] * batch,
+            step_drafted=[-1] * batch, cached_prompt=cached,
         )
 
     def depth_caps(self, st: DecodeState) -> list[int]:

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from spec_fast.drafts.model import Drafter
+from spec_fast.engine.prefix_cache import PrefixCache
 from spec_fast.kv_cache import TreeKVCache
 
-__all__ = ["chain_block", "prefill_target", "prefill_drafter"]
+__all__ = ["chain_block", "prefill_target", "prefill_target_reusing", "prefill_drafter"]
 
 
 def chain_block(prompts: list[list[int]], device: torch.device, drop_last: bool = True
@@ -66,6 +67,28 @@ def prefill_target(
         prev_index = (root_index - 1).clamp(min=0)
         before = (out.logits[rows, prev_index - lowest_root], states[rows, prev_index])
     return root_logits, root_hidden, observe, before
+
+
+def prefill_target_reusing(state: TreeKVCache, prompts: list[list[int]], device: torch.device,
+                           prefix_cache: PrefixCache) -> tuple[torch.Tensor, list[int]]:
+    """:func:`prefill_target` (without hidden states) through ``prefix_cache``: each prompt's longest cached
+    prefix is loaded instead of computed, the pass forwards the rest, and every prompt's entries are stored
+    for later prompts (:mod:`spec_fast.engine.prefix_cache`). Returns ``(root_logits [B, V], reused)``:
+    ``reused[b]`` = prompt b's tokens whose entries were reused."""
+    dtype = getattr(state.model, "kv_cache_dtype", torch.float32)
+    matches = [prefix_cache.lookup(p, dtype) for p in prompts]
+    if any(m.length > 0 for m in matches):
+        state.load_context([m.layers if m.length > 0 else None for m in matches])
+    rests = [p[m.length:] for p, m in zip(prompts, matches)]
+    tokens, parents, lengths, width = chain_block(rests, device, drop_last=False)
+    root_index = lengths - 1  # [B]
+    lowest_root = min(len(r) for r in rests) - 1
+    out = state.forward(tokens, parents, logits_to_keep=width - lowest_root)
+    state.commit(torch.arange(width, device=device).expand(len(prompts), width), lengths)
+    for b, prompt in enumerate(prompts):
+        prefix_cache.store(prompt, state.key_values(b))
+    root_logits: torch.Tensor = out.logits[torch.arange(len(prompts), device=device), root_index - lowest_root]
+    return root_logits, [m.length for m in matches]
 
 
 def prefill_drafter(drafter: Drafter, state: Any, prompts: list[list[int]], device: torch.device) -> bool:
