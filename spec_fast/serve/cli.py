@@ -58,6 +58,10 @@ def add_serve_parser(subparsers: Any, generate: argparse.ArgumentParser) -> argp
                              "or none when the batch fills a pass; greedy replies are the same as alone, a seeded "
                              "sampled one depends on what it shared the batch with); fixed: the strategy's depth "
                              "always, so a seeded sampled reply is exactly the one it gets alone")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the cache entries of a prompt prefix that an earlier request computed (the "
+                             "default; replies are the same either way, only the prefill's work changes; on for "
+                             "the lean model on the CPU, where reuse is exact)")
     parser.add_argument("--api-key", default=os.environ.get(_API_KEY_ENV),
                         help=f"require 'Authorization: Bearer KEY' on /v1/ routes (default: ${_API_KEY_ENV}, "
                              f"else none)")
@@ -137,8 +141,8 @@ def serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(model_name=served_model_name(args), max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key, on_load_error=on_load_error)
-    app = create_app(lambda: load_engine(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet),
-                     config)
+    app = create_app(lambda: load_engine(settings, args.max_batch, args.max_queue, args.depth_policy, args.quiet,
+                                         args.enable_prefix_caching), config)
     grace_s = float(args.shutdown_timeout)
 
     class Server(uvicorn.Server):

@@ -81,6 +81,10 @@ class Generation:
         stats = getattr(self.final, "stats", None)
         return int(stats.generated_tokens) if stats is not None else self.generated
 
+    def cached_tokens(self) -> int:
+        stats = getattr(self.final, "stats", None)
+        return int(getattr(stats, "cached_prompt_tokens", 0)) if stats is not None else 0
+
     def close(self) -> None:
         """Once, when the response ends (completed, failed, or the client went away)."""
         if self.closed:
@@ -122,7 +126,7 @@ class Generation:
         choice.update(logprobs=None, finish_reason=self.final.finish_reason, speculative_decoding=self._spec())
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model_name, "choices": [choice],
-                "usage": usage(self.admission.prompt_tokens, self.completion_tokens())}
+                "usage": usage(self.admission.prompt_tokens, self.completion_tokens(), self.cached_tokens())}
 
     def _spec(self) -> dict[str, Any]:
         return spec_stats(getattr(self.final, "stats", None), self.model.strategy_label(self.submission.sampling),
@@ -158,7 +162,7 @@ class Generation:
             if self.params.include_usage:
                 last = self._chunk(None)
                 last["choices"] = []
-                last["usage"] = usage(self.admission.prompt_tokens, self.completion_tokens())
+                last["usage"] = usage(self.admission.prompt_tokens, self.completion_tokens(), self.cached_tokens())
                 yield last
         except APIError as err:
             yield err.body()

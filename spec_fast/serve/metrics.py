@@ -39,6 +39,9 @@ class ServeMetrics:
         self.request_success = Counter(_PREFIX + "request_success", "Finished generation requests by reason",
                                        ["finished_reason"], registry=r)
         self.prompt_tokens = Counter(_PREFIX + "prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.cached_prompt_tokens = Counter(_PREFIX + "prefix_cache_hit_tokens",
+                                            "Prompt tokens whose cache entries were reused from an earlier prompt",
+                                            registry=r)
         self.generation_tokens = Counter(_PREFIX + "generation_tokens", "Generated tokens", registry=r)
         self.running = Gauge(_PREFIX + "num_requests_running", "Requests in the running batch", registry=r)
         self.waiting = Gauge(_PREFIX + "num_requests_waiting", "Requests waiting for a batch slot", registry=r)
@@ -81,6 +84,7 @@ class ServeMetrics:
         self.e2e.observe(end_s - arrival_s)
         if stats is None:
             return
+        self.cached_prompt_tokens.inc(int(getattr(stats, "cached_prompt_tokens", 0)))
         draft_tokens = int(getattr(stats, "draft_tokens", 0))
         if draft_tokens:
             # the request's verification passes; with +adaptive some of them were plain steps that checked

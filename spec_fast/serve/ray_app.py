@@ -50,6 +50,7 @@ class ReplicaSpec:
     api_key: str | None
     quiet: bool
     shutdown_timeout_s: float
+    prefix_caching: bool = True
 
 
 @serve.ingress()
@@ -64,7 +65,8 @@ class SpecFastReplica:
         self._server: Any = None
         try:
             # Ray runs a replica's constructor on its user-code thread, so its own pings go on meanwhile
-            self._model = load_engine(spec.settings, spec.max_batch, spec.max_queue, spec.depth_policy, spec.quiet)
+            self._model = load_engine(spec.settings, spec.max_batch, spec.max_queue, spec.depth_policy, spec.quiet,
+                                      spec.prefix_caching)
         except Exception as err:
             # the marker lets the CLI find this line in Ray's status message, which holds the traceback
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

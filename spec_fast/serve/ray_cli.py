@@ -155,7 +155,8 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
         spec = ReplicaSpec(settings=settings, model_name=model_name, max_batch=args.max_batch,
                            max_queue=args.max_queue, depth_policy=args.depth_policy, api_key=args.api_key,
                            quiet=bool(args.quiet),
-                           shutdown_timeout_s=float(args.shutdown_timeout))
+                           shutdown_timeout_s=float(args.shutdown_timeout),
+                           prefix_caching=bool(args.enable_prefix_caching))
         serve.run_many([serve.RunTarget(target=build_application(spec, options.replicas, options.autoscale),
                                         name=APP_NAME, route_prefix="/")],
                        wait_for_applications_running=False)

@@ -283,8 +283,10 @@ def _engine_refusal(err: Exception) -> APIError:
     return APIError(500, "internal server error (see the server's log)", None, "internal_error")
 
 
-def load_engine(settings: GenerateSettings, max_batch: int, max_queue: int, depth_policy: str, quiet: bool) -> Any:
-    """Runs on the engine thread: the decoder of ``generate`` wrapped in the batch engine."""
+def load_engine(settings: GenerateSettings, max_batch: int, max_queue: int, depth_policy: str, quiet: bool,
+                prefix_caching: bool = True) -> Any:
+    """Runs on the engine thread: the decoder of ``generate`` wrapped in the batch engine (reusing the cache
+    entries of shared prompt prefixes where that is exact, unless ``prefix_caching`` is False)."""
     from spec_fast import BatchEngine
     from spec_fast.api import load_decoder
 
@@ -295,9 +297,11 @@ def load_engine(settings: GenerateSettings, max_batch: int, max_queue: int, dept
     # the HTTP side already holds in-flight requests to max_batch + max_queue (429 beyond), so the engine's
     # own waiting limit is never the one that binds
     engine = BatchEngine(decoder, max_batch_size=max_batch, max_waiting=max_batch + max_queue, tokenizer=tokenizer,
-                         eos_token_id=tokenizer.eos_token_id, depth_policy=depth_policy)
+                         eos_token_id=tokenizer.eos_token_id, depth_policy=depth_policy,
+                         prefix_cache_tokens=None if prefix_caching else 0)
     if not quiet:
         note(f"model loaded: {settings.model.describe()}, draft {settings.draft}, strategy "
-             f"{settings.strategy.label()} (depth {depth_policy}), batch {max_batch}, queue {max_queue}")
+             f"{settings.strategy.label()} (depth {depth_policy}), batch {max_batch}, queue {max_queue}, "
+             f"prefix caching {'on' if engine.prefix_cache is not None else 'off'}")
     return LoadedModel(engine=engine, tokenizer=tokenizer, context_length=int(decoder.context_length),
                        strategy_label=decoder.label, draft=settings.draft)

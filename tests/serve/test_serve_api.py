@@ -68,7 +68,11 @@ def test_streamed_chat_equals_the_whole_reply_and_ends_with_usage(tiny_server: S
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    usage = chunks[-1].usage.model_dump()
+    # the same prompt again: its entries but the last token's come from the prefix cache
+    assert usage.pop("prompt_tokens_details")["cached_tokens"] == len(HELLO_TEMPLATE) - 1
+    assert chunks[-1].choices == [] and usage == {k: v for k, v in whole.usage.model_dump().items()
+                                                  if k != "prompt_tokens_details"}
     assert all(c.usage is None for c in chunks[:-1])
     assert len({c.id for c in chunks}) == 1
     # without include_usage no chunk carries usage
@@ -218,6 +222,7 @@ def test_malformed_oversized_and_misrouted_requests(tiny_server: ServerProcess) 
 
 def test_metrics_count_requests_and_speculative_decoding(tiny_server: ServerProcess) -> None:
     chat(tiny_server, max_tokens=16)
+    chat(tiny_server, max_tokens=16)  # the same prompt: a prefix cache hit
     text = httpx.get(tiny_server.base_url + "/metrics").text
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
@@ -230,3 +235,4 @@ def test_metrics_count_requests_and_speculative_decoding(tiny_server: ServerProc
     assert values["spec_fast:spec_decode_num_draft_tokens_total"] >= values["spec_fast:spec_decode_num_accepted_tokens_total"]
     assert 'spec_fast:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in values
     assert "spec_fast:num_requests_running" in values and "spec_fast:num_requests_waiting" in values
+    assert values["spec_fast:prefix_cache_hit_tokens_total"] >= len(HELLO_TEMPLATE) - 1
