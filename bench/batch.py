@@ -7,7 +7,10 @@ one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; reques
 step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
 and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
 the measured cost of a step, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
-arrival to the last finish; TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
+arrival to the last finish. Right after each run, the same requests with the same arrivals run one at a time
+(``max_batch_size=1``): "x one at a time" is the run's tok/s over theirs (the median over the runs), the
+speedup of batching on the same work. Engines reuse the cache entries of shared prompt prefixes (their
+default; ``--no-prefix-cache`` turns it off), the one-at-a-time runs alike. TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
 output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
 run interleaved cell by cell, so their ratios are measured side by side; with ``--repeats R`` each cell runs R
 times, the configurations in a rotated order each time, and reports the run of median throughput (every
@@ -59,10 +62,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, stagger: int,
-             eos_token_id: int | None = None, **engine_options: Any) -> dict[str, Any]:
-    """One cell: ``len(prompts)`` requests, request i added before step ``i * stagger``; a request ends at
-    ``eos_token_id`` or after ``new_tokens`` tokens."""
-    engine = BatchEngine(decoder, max_batch_size=len(prompts), eos_token_id=eos_token_id, **engine_options)
+             eos_token_id: int | None = None, max_batch_size: int | None = None, **engine_options: Any
+             ) -> dict[str, Any]:
+    """One cell: ``len(prompts)`` requests, request i added before step ``i * stagger``, at most
+    ``max_batch_size`` (default: all) decoded together; a request ends at ``eos_token_id`` or after
+    ``new_tokens`` tokens."""
+    engine = BatchEngine(decoder, max_batch_size=max_batch_size or len(prompts), eos_token_id=eos_token_id,
+                         **engine_options)
     tokens: dict[int, list[int]] = {}
     stats: dict[int, Any] = {}
     order: list[int] = []
@@ -86,6 +92,7 @@ def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: 
             "steps": step, "ttft_p50_s": percentile(ttft, 0.5), "ttft_p95_s": percentile(ttft, 0.95),
             "tpot_p50_s": percentile(tpot, 0.5), "tpot_p95_s": percentile(tpot, 0.95),
             "mean_accepted_length": statistics.mean(stats[r].mean_accepted_length for r in order),
+            "prefix_reused_tokens": engine.prefix_cache.reused_tokens if engine.prefix_cache is not None else 0,
             "tokens": [tokens[r] for r in order]}
 
 
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--repeats", type=int, default=3, help="runs of each cell (the median one is reported)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="engines without prefix caching (reused prompt prefixes; on by default)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     default = resolve_settings()
@@ -106,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     configurations["plain"] = plain_decoder
     configurations[f"fixed depth ({label})"] = speculative
     configurations[f"default: depth by batch ({label})"] = speculative
-    engine_options: dict[str, dict[str, Any]] = {name: {"depth_policy": "cost" if name.startswith("default")
-                                                        else "fixed"} for name in configurations}
+    engine_options: dict[str, dict[str, Any]] = {
+        name: {"depth_policy": "cost" if name.startswith("default") else "fixed",
+               **({"prefix_cache_tokens": 0} if args.no_prefix_cache else {})} for name in configurations}
     prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT["chat"][: max(args.concurrency)]]
     alone: dict[int, list[int]] = {}
     pass_costs: dict[int, dict[str, float]] = {}
@@ -132,6 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                     load = os.getloadavg()[0]
                     cell = run_cell(configurations[name], prompts[:concurrency], args.max_new_tokens, args.stagger,
                                     tokenizer.eos_token_id, **engine_options[name])
+                    # the same requests one at a time (queued together, decoded one after another), right
+                    # after: the baseline of "x one at a time", measured side by side
+                    alone_cell = cell if concurrency == 1 else run_cell(
+                        configurations[name], prompts[:concurrency], args.max_new_tokens, args.stagger,
+                        tokenizer.eos_token_id, max_batch_size=1, **engine_options[name])
+                    cell["one_at_a_time_tokens_per_s"] = alone_cell["tokens_per_s"]
+                    cell["speedup_over_one_at_a_time"] = cell["tokens_per_s"] / alone_cell["tokens_per_s"]
+                    if alone_cell is not cell:
+                        identical &= alone_cell.pop("tokens") == cell["tokens"]
                     for i, got in enumerate(cell.pop("tokens")):
                         if i not in alone:
                             alone[i] = plain_decoder.generate([prompts[i]], max_new_tokens=args.max_new_tokens,
@@ -141,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, done in runs.items():
                 middle = sorted(done, key=lambda run: run["tokens_per_s"])[(len(done) - 1) // 2]
                 rows.append({"threads": threads, "concurrency": concurrency, "configuration": name, **middle,
-                             "tokens_per_s_of_every_run": [run["tokens_per_s"] for run in done]})
+                             "tokens_per_s_of_every_run": [run["tokens_per_s"] for run in done],
+                             "speedup_over_one_at_a_time": statistics.median(
+                                 run["speedup_over_one_at_a_time"] for run in done),
+                             "speedup_over_one_at_a_time_of_every_run": [
+                                 run["speedup_over_one_at_a_time"] for run in done]})
                 every = ", ".join(f"{run['tokens_per_s']:.0f}" for run in done)
                 print(f"{threads} thr, {concurrency} requests, {name}: {middle['tokens_per_s']:.1f} tok/s "
                       f"(runs {every})", flush=True)
@@ -150,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                    and r["configuration"] == row["configuration"])
         plain = next(r for r in rows if r["threads"] == row["threads"] and r["concurrency"] == row["concurrency"]
                      and r["configuration"] == "plain")
-        row["speedup_over_one_at_a_time"] = row["tokens_per_s"] / one["tokens_per_s"]
+        row["speedup_over_one_request_cell"] = row["tokens_per_s"] / one["tokens_per_s"]
         row["ratio_to_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
     meta = {
         "command": "python bench/batch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -158,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"{default.model.describe()}, quantize {default.quantize}",
         "prompts": f"the first {max(args.concurrency)} chat prompts of bench.workloads.HELDOUT, greedy, up to {args.max_new_tokens} new "
                    f"tokens (or the end-of-sequence token), request i arrives before engine step {args.stagger}i",
+        "x one at a time": "median over the runs of each run's tok/s over the tok/s of the same requests decoded one "
+                           "at a time (the same arrivals, max_batch_size=1) right after it; x 1-request cell: the "
+                           "median run's tok/s over that of the cell of the first request alone",
+        "prefix caching": "off" if args.no_prefix_cache else
+                          "on (BatchEngine's default: a request reuses the cache entries of a prompt prefix an "
+                          "earlier request of its engine computed; the chat template's system message is 24 tokens)",
         "every request's tokens equal plain decoding of it alone": identical,
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
                                                    f"{max(r['load_average_before'] for r in rows):.1f}",
@@ -170,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
             "; ".join(f"{threads} thread(s): " + ", ".join(f"{k} {v:.1f}" for k, v in table.items())
                       for threads, table in step_costs.items()),
     }
-    table = ["| threads | requests | configuration | tok/s (median run) | every run | x one at a time | x plain | "
-             "TTFT p50 / p95 (s) | TPOT p50 / p95 (ms) | accepted/step | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table = ["| threads | requests | configuration | tok/s (median run) | every run | x one at a time (every run) | "
+             "x 1-request cell | x plain | TTFT p50 / p95 (s) | TPOT p50 / p95 (ms) | accepted/step | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         every = ", ".join(f"{v:.0f}" for v in r["tokens_per_s_of_every_run"])
         table.append(f"| {r['threads']} | {r['concurrency']} | {r['configuration']} | {r['tokens_per_s']:.1f} | {every} | "
-                     f"{r['speedup_over_one_at_a_time']:.2f} | {r['ratio_to_plain']:.2f} | "
+                     f"{r['speedup_over_one_at_a_time']:.2f} ("
+                     f"{', '.join(f'{v:.2f}' for v in r['speedup_over_one_at_a_time_of_every_run'])}) | "
+                     f"{r['speedup_over_one_request_cell']:.2f} | {r['ratio_to_plain']:.2f} | "
                      f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | "
                      f"{1000 * r['tpot_p50_s']:.0f} / {1000 * r['tpot_p95_s']:.0f} | "
                      f"{r['mean_accepted_length']:.2f} | {r['load_average_before']:.1f} |")
