@@ -77,6 +77,11 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
     kinds = ["greedy" if s.greedy else "plain" if tree.num_slots == 1 or st.depth_caps[b] < 1 else "tree"
              for b, s in enumerate(st.samplings)]
     if all(k == "greedy" for k in kinds):  # no uniforms needed
+        if tree.num_slots == 1:  # a plain step: the root's argmax, what the greedy walk returns on a lone root
+            token = first_max_index(target_logits[:, 0])
+            slots = torch.full((tree.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=token.device)
+            slots[:, 0] = 0
+            return Verified(slots, torch.zeros_like(token), token)
         out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
         return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
     streams = VerifyStreams(st.verify_keys, st.verify_offsets())
