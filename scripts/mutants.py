@@ -249,7 +249,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("engine-plain-greedy-step-last-maximum", "spec_fast/engine/step_verify.py",
        "            token = first_max_index(target_logits[:, 0])",
        "            token = target_logits[:, 0].flip(-1).argmax(-1).neg().add(target_logits.shape[-1] - 1)",
-       ("tests/engine/test_greedy.py",),
+       ("tests/engine/test_greedy.py::test_tied_logits_give_the_lowest_token_id_in_plain_and_speculative_steps",),
        "a plain greedy step takes the last of tied maxima instead of the first"),
     _m("native-amx-high-nibbles-swapped", "spec_fast/lean/blocks.c",
        "_mm512_store_si512((void *)(out + 128), _mm512_and_si512(_mm512_srli_epi16(a, 4), low_mask));",

@@ -62,6 +62,19 @@ def test_a_self_draft_accepts_every_token_and_stays_exact() -> None:
     assert result.metrics.block_efficiency > 4
 
 
+@pytest.mark.parametrize("strategy", ["ar", "chain:3"])
+def test_tied_logits_give_the_lowest_token_id_in_plain_and_speculative_steps(strategy: str) -> None:
+    target = tiny_llama()
+    target.config.tie_word_embeddings = False
+    head = torch.nn.Linear(target.config.hidden_size, target.config.vocab_size, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(target.lm_head.weight[7].expand_as(head.weight))  # every logit ties
+    target.lm_head = head
+    decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 2) if strategy != "ar" else None,
+                                 parse_strategy(strategy))
+    assert decoder.generate([PROMPTS[0], PROMPTS[1]], max_new_tokens=6).tokens == [[0] * 6] * 2
+
+
 def test_generation_stops_at_eos_like_hf_generate() -> None:
     target = tiny_llama()
     reference = hf_greedy(target, PROMPTS[0], NEW_TOKENS)
