@@ -32,14 +32,22 @@ from typing import Any
 
 import torch
 
+from spec_fast._sampling import first_max_index
 from spec_fast.drafts.model import Drafter
 from spec_fast.flat_tree import FlatTree
 
-__all__ = ["DraftBatch", "DraftLaw", "HeadTrack", "RowTree", "pending_forward", "draft_root_only", "ranked_tokens",
+__all__ = ["DraftBatch", "DraftLaw", "argmax_law", "HeadTrack", "RowTree", "pending_forward", "draft_root_only", "ranked_tokens",
            "row_depths", "cap_rows", "forward_frontier", "flatten_trees"]
 
 #: ``[B, F, V]`` draft logits -> ``[B, F, V]`` float32 law the drafter samples from (the engine's choice)
 DraftLaw = Callable[[torch.Tensor], torch.Tensor]
+
+
+def argmax_law(logits: torch.Tensor) -> torch.Tensor:
+    """The draft law of greedy chains: one-hot at each row's first maximum (``[..., V]`` float32). Any
+    inverse-CDF draw from it is that argmax, so a builder handed this very function may take the argmax
+    without drawing."""
+    return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, first_max_index(logits, keepdim=True), 1.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +64,9 @@ class DraftBatch:
       which is never forwarded);
     * ``tokens_in [B, N]`` long: the token each slot feeds the target (slot 0: the root token);
     * ``pending_width``: width of the pending block the drafter was fed first (its last entry is the root);
-    * ``max_depth``: the largest node depth, known on the host (saves a device read in verification).
+    * ``max_depth``: the largest node depth, known on the host (saves a device read in verification);
+    * ``chain``: every row's tree is a chain, slot d at depth d (the chain builder's, capped or not), which
+      lets greedy verification compare each level's token with the argmax above it directly.
     """
 
     tree: FlatTree
@@ -66,6 +76,7 @@ class DraftBatch:
     tokens_in: torch.Tensor
     pending_width: int
     max_depth: int
+    chain: bool = False
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -193,7 +204,7 @@ def cap_rows(draft: DraftBatch, depths: Sequence[int]) -> DraftBatch:
         probs = probs * (~leaf).unsqueeze(2).to(probs.dtype)
     capped = FlatTree(tree.tokens, tree.parents, tree.depths, draws, valid, tree.process)
     return DraftBatch(capped, probs, draft.confidences, draft.entries, draft.tokens_in, draft.pending_width,
-                      draft.max_depth)
+                      draft.max_depth, draft.chain)
 
 
 def draft_root_only(roots: Sequence[int], process: str, device: torch.device) -> DraftBatch:

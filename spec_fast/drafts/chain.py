@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from spec_fast._sampling import first_max_index
 from spec_fast.draws import RowStreams, categorical
-from spec_fast.drafts.batch import DraftBatch, DraftLaw, cap_rows, pending_forward
+from spec_fast.drafts.batch import DraftBatch, DraftLaw, argmax_law, cap_rows, pending_forward
 from spec_fast.drafts.dual import DualDraft
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import SingleHeadProposer, StepRows
@@ -25,8 +26,9 @@ def draft_chain(
     """A single path of ``depth`` draft tokens, drafted without reading anything back to the host.
 
     One inverse-CDF draw per row and level from the row's stream (the draws :func:`draft_iid_tree` with
-    K = 1 makes; a one-hot law, the greedy chain's, gives its argmax); the shape is known in advance, so
-    the tree is assembled from device tensors. Cut rows to shorter depths with :func:`cap_rows`.
+    K = 1 makes; a one-hot law, the greedy chain's, gives its argmax, which :func:`argmax_law` takes without
+    a draw); the shape is known in advance, so the tree is assembled from device tensors. Cut rows to
+    shorter depths with :func:`cap_rows`.
     """
     batch = len(pending)
     logits, width = pending_forward(drafter, state, pending, device)
@@ -35,7 +37,10 @@ def draft_chain(
     entries = [width - 1]
     for level in range(depth):
         q = draft_law(logits)[:, 0]
-        token = categorical(q, streams.uniforms(level, 1)).squeeze(1)
+        if draft_law is argmax_law:
+            token = first_max_index(logits[:, 0])
+        else:
+            token = categorical(q, streams.uniforms(level, 1)).squeeze(1)
         tokens.append(token)
         qs.append(q)
         if level + 1 >= depth:
@@ -59,7 +64,7 @@ def draft_chain(
     entry_row = torch.tensor(entries + [-1], dtype=torch.long, device=device)
     tokens_in = torch.cat([torch.tensor(list(roots), dtype=torch.long, device=device).unsqueeze(1), drafted], dim=1)
     return DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),
-                      tokens_in, width, depth)
+                      tokens_in, width, depth, chain=True)
 
 
 class ChainProposer(SingleHeadProposer):

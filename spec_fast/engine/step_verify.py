@@ -24,7 +24,7 @@ from spec_fast._sampling import _inverse_cdf, first_max_index
 from spec_fast.verify.tree import Verified
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams, sampling_probs
-from spec_fast.drafts.batch import DraftBatch
+from spec_fast.drafts.batch import DraftBatch, argmax_law
 from spec_fast.flat_tree import FlatTree
 from spec_fast.rng import counter_uniforms
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
@@ -82,6 +82,8 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
             slots = torch.full((tree.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=token.device)
             slots[:, 0] = 0
             return Verified(slots, torch.zeros_like(token), token)
+        if draft.chain and tree.num_slots == draft.max_depth + 1:
+            return _verify_greedy_chain(tree, target_logits)
         out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
         return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
     streams = VerifyStreams(st.verify_keys, st.verify_offsets())
@@ -128,6 +130,19 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
     return Verified(slots, depth, token)
 
 
+def _verify_greedy_chain(tree: FlatTree, target_logits: torch.Tensor) -> Verified:
+    """:func:`verify_greedy` of chains (slot d at depth d, parent d - 1; capped rows' deeper slots invalid):
+    the accepted depth is the length of the leading run of levels whose token is the target's argmax at
+    the level above, and the next token the argmax at the last accepted level."""
+    best = first_max_index(target_logits)  # [B, N]
+    match = tree.valid[:, 1:] & (tree.tokens[:, 1:] == best[:, :-1])  # [B, N - 1]
+    depth = match.long().cumprod(dim=1).sum(dim=1)  # [B]
+    token = best.gather(1, depth.unsqueeze(1)).squeeze(1)
+    levels = torch.arange(tree.num_slots, device=best.device).unsqueeze(0)
+    slots = torch.where(levels <= depth.unsqueeze(1), levels, torch.full_like(levels, -1))
+    return Verified(slots, depth, token)
+
+
 def target_probs(logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:
     """G(logits) with row b's parameters (``logits [B, ..., V]``)."""
     return _per_row(samplings, lambda s: lambda x: sampling_probs(x, s), greedy_apart=False)(logits)
@@ -142,8 +157,7 @@ def draft_law(samplings: Sequence[SamplingParams] | SamplingParams, chain: bool)
         if not sampling.greedy:
             return lambda logits: sampling_probs(logits, sampling)
         if chain:
-            return lambda logits: torch.zeros_like(logits, dtype=torch.float32).scatter_(
-                -1, first_max_index(logits, keepdim=True), 1.0)
+            return argmax_law
         return lambda logits: torch.softmax(logits.float(), dim=-1)
 
     if isinstance(samplings, SamplingParams):
