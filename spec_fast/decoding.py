@@ -184,4 +184,12 @@ def sampling_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tens
     k = torch.full((rows,), int(sampling.top_k), dtype=torch.long, device=flat.device)
     p = torch.full((rows,), float(sampling.top_p), device=flat.device)
     filtered = 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0
+    if sampling.temperature > 0 and not filtered:
+        # decoding_operator's unfiltered path for rows known not greedy (no one-hot to build and discard):
+        # the same operations on the same values, so the same probabilities bit for bit
+        raw = flat.to(torch.float32)
+        safe_t = t.to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)  # [R, 1]
+        row_max = raw.max(dim=1, keepdim=True).values
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        return torch.softmax((raw - row_max) / safe_t, dim=1).reshape(logits.shape)
     return decoding_operator(flat, t, k, p, validate=False, filtered=filtered).reshape(logits.shape)  # checked

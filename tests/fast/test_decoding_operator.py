@@ -116,3 +116,17 @@ def test_without_filters_the_unsorted_path_gives_the_sorted_paths_bits(vocab: in
     top_p = torch.full((4,), 0.5)
     assert not torch.equal(decoding_operator(logits, temperature, off_k, top_p, validate=False, filtered=False),
                            decoding_operator(logits, temperature, off_k, top_p, validate=False))
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1e-30, 2.5])
+def test_one_requests_sampling_probs_are_the_operators_bits(temperature: float) -> None:
+    # sampling_probs takes a shorter path for a request known not greedy and unfiltered: the same bits
+    from spec_fast.decoding import SamplingParams, sampling_probs
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 2, 4096, generator=gen) * 4
+    logits[0, 0, :100] = -float("inf")
+    flat = logits.reshape(6, 4096)
+    expected = decoding_operator(flat, torch.full((6,), temperature, dtype=torch.float64),
+                                 torch.zeros(6, dtype=torch.long), torch.ones(6), validate=False)
+    assert torch.equal(sampling_probs(logits, SamplingParams(temperature=temperature)), expected.reshape(logits.shape))
