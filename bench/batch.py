@@ -4,13 +4,14 @@ concurrent requests arriving staggered, plain and default speculative decoding, 
 Each cell runs ``concurrency`` greedy requests (held-out chat prompts, ``bench.workloads.HELDOUT``), each
 ending at the end-of-sequence token or after ``--max-new-tokens`` tokens, through
 one :class:`spec_fast.BatchEngine` with ``max_batch_size = concurrency``; request i arrives before engine
-step ``i * stagger``. Three configurations: plain decoding, the default draft and strategy at its fixed depth,
+step ``i * stagger``. Three configurations (and a fourth, below): plain decoding, the default draft and strategy at its fixed depth,
 and the default as BatchEngine runs it (``depth_policy="cost"``: each step's depth from the batch's size and
 the measured cost of a step, spec_fast/engine/batch_depth.py). Aggregate tokens/s = generated tokens of all requests / seconds from the first
 arrival to the last finish. Right after each run, the same requests with the same arrivals run one at a time
 (``max_batch_size=1``): "x one at a time" is the run's tok/s over theirs (the median over the runs), the
 speedup of batching on the same work. Engines reuse the cache entries of shared prompt prefixes (their
-default; ``--no-prefix-cache`` turns it off), the one-at-a-time runs alike. TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
+default), the one-at-a-time runs alike; a fourth configuration, plain decoding with prefix caching off, shows
+what that reuse gives. TTFT = seconds from a request's arrival to its first token, TPOT = seconds per
 output token after the first (p50/p95 over the cell's requests). The configurations of one thread count
 run interleaved cell by cell, so their ratios are measured side by side; with ``--repeats R`` each cell runs R
 times, the configurations in a rotated order each time, and reports the run of median throughput (every
@@ -48,6 +49,8 @@ from spec_fast.models import chat_prompt_ids  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8)
+#: plain decoding on engines without prefix caching: what reusing the prompts' shared opening gives
+NO_PREFIX_CACHE = "plain, prefix caching off"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--repeats", type=int, default=3, help="runs of each cell (the median one is reported)")
-    parser.add_argument("--no-prefix-cache", action="store_true",
-                        help="engines without prefix caching (reused prompt prefixes; on by default)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     default = resolve_settings()
@@ -115,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     configurations["plain"] = plain_decoder
     configurations[f"fixed depth ({label})"] = speculative
     configurations[f"default: depth by batch ({label})"] = speculative
+    configurations[NO_PREFIX_CACHE] = plain_decoder
     engine_options: dict[str, dict[str, Any]] = {
         name: {"depth_policy": "cost" if name.startswith("default") else "fixed",
-               **({"prefix_cache_tokens": 0} if args.no_prefix_cache else {})} for name in configurations}
+               **({"prefix_cache_tokens": 0} if name == NO_PREFIX_CACHE else {})} for name in configurations}
     prompts = [chat_prompt_ids(tokenizer, p) for p in HELDOUT["chat"][: max(args.concurrency)]]
     alone: dict[int, list[int]] = {}
     pass_costs: dict[int, dict[str, float]] = {}
@@ -184,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "x one at a time": "median over the runs of each run's tok/s over the tok/s of the same requests decoded one "
                            "at a time (the same arrivals, max_batch_size=1) right after it; x 1-request cell: the "
                            "median run's tok/s over that of the cell of the first request alone",
-        "prefix caching": "off" if args.no_prefix_cache else
-                          "on (BatchEngine's default: a request reuses the cache entries of a prompt prefix an "
-                          "earlier request of its engine computed; the chat template's system message is 24 tokens)",
+        "prefix caching": "on except in the configuration '" + NO_PREFIX_CACHE + "' (BatchEngine's default: a "
+                          "request reuses the cache entries of a prompt prefix an earlier request of its engine "
+                          "computed; the chat template's system message is 24 tokens)",
         "every request's tokens equal plain decoding of it alone": identical,
         "load average (1 min) before the cells": f"{min(r['load_average_before'] for r in rows):.1f} to "
                                                    f"{max(r['load_average_before'] for r in rows):.1f}",
