@@ -36,8 +36,8 @@ from spec_fast._sampling import first_max_index
 from spec_fast.drafts.model import Drafter
 from spec_fast.flat_tree import FlatTree
 
-__all__ = ["DraftBatch", "DraftLaw", "argmax_law", "HeadTrack", "RowTree", "pending_forward", "draft_root_only", "ranked_tokens",
-           "row_depths", "cap_rows", "forward_frontier", "flatten_trees"]
+__all__ = ["DraftBatch", "DraftLaw", "argmax_law", "HeadTrack", "RowTree", "pending_forward", "draft_root_only",
+           "ranked_tokens", "row_depths", "cap_rows", "forward_frontier", "flatten_trees"]
 
 #: ``[B, F, V]`` draft logits -> ``[B, F, V]`` float32 law the drafter samples from (the engine's choice)
 DraftLaw = Callable[[torch.Tensor], torch.Tensor]
