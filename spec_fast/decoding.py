@@ -111,11 +111,17 @@ def decoding_operator(
     if filtered:
         probs = torch.softmax(_filtered_z(raw, safe_t, top_k, top_p), dim=1)
     else:  # the same z as the filtered path's without filters, computed in token order
-        row_max = raw.max(dim=1, keepdim=True).values if vocab > 0 else raw[:, :1]
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        probs = torch.softmax((raw - row_max) / safe_t, dim=1)
+        probs = _tempered_softmax(raw, safe_t)
     one_hot = torch.zeros_like(probs).scatter_(1, greedy_token, 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)
+
+
+def _tempered_softmax(raw: torch.Tensor, safe_t: torch.Tensor) -> torch.Tensor:
+    """``softmax((raw - row max) / T)`` of float32 logits ``[B, V]`` and ``safe_t [B, 1]`` (an all ``-inf``
+    row shifted by 0): G without top-k or top-p."""
+    row_max = raw.max(dim=1, keepdim=True).values if raw.shape[1] > 0 else raw[:, :1]
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    return torch.softmax((raw - row_max) / safe_t, dim=1)
 
 
 def _filtered_z(raw: torch.Tensor, safe_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -187,9 +193,6 @@ def sampling_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tens
     if sampling.temperature > 0 and not filtered:
         # decoding_operator's unfiltered path for rows known not greedy (no one-hot to build and discard):
         # the same operations on the same values, so the same probabilities bit for bit
-        raw = flat.to(torch.float32)
         safe_t = t.to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)  # [R, 1]
-        row_max = raw.max(dim=1, keepdim=True).values
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        return torch.softmax((raw - row_max) / safe_t, dim=1).reshape(logits.shape)
+        return _tempered_softmax(flat.to(torch.float32), safe_t).reshape(logits.shape)
     return decoding_operator(flat, t, k, p, validate=False, filtered=filtered).reshape(logits.shape)  # checked

@@ -79,15 +79,10 @@ def prefill_target_reusing(state: TreeKVCache, prompts: list[list[int]], device:
     matches = [prefix_cache.lookup(p, dtype) for p in prompts]
     if any(m.length > 0 for m in matches):
         state.load_context([m.layers if m.length > 0 else None for m in matches])
-    rests = [p[m.length:] for p, m in zip(prompts, matches)]
-    tokens, parents, lengths, width = chain_block(rests, device, drop_last=False)
-    root_index = lengths - 1  # [B]
-    lowest_root = min(len(r) for r in rests) - 1
-    out = state.forward(tokens, parents, logits_to_keep=width - lowest_root)
-    state.commit(torch.arange(width, device=device).expand(len(prompts), width), lengths)
+    # the rest of each prompt, behind its loaded context (positions follow the rows' lengths)
+    root_logits = prefill_target(state, [p[m.length:] for p, m in zip(prompts, matches)], device)[0]
     for b, prompt in enumerate(prompts):
         prefix_cache.store(prompt, state.key_values(b))
-    root_logits: torch.Tensor = out.logits[torch.arange(len(prompts), device=device), root_index - lowest_root]
     return root_logits, [m.length for m in matches]
 
 

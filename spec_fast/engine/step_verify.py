@@ -78,10 +78,7 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
              for b, s in enumerate(st.samplings)]
     if all(k == "greedy" for k in kinds):  # no uniforms needed
         if tree.num_slots == 1:  # a plain step: the root's argmax, what the greedy walk returns on a lone root
-            token = first_max_index(target_logits[:, 0])
-            slots = torch.full((tree.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=token.device)
-            slots[:, 0] = 0
-            return Verified(slots, torch.zeros_like(token), token)
+            return _root_only(first_max_index(target_logits[:, 0]), draft.max_depth)
         if draft.chain and tree.num_slots == draft.max_depth + 1:
             return _verify_greedy_chain(tree, target_logits)
         out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
@@ -104,9 +101,7 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
         own = VerifyStreams(rows(streams.keys), rows(streams.offsets))
         if kind == "plain":  # node 0's first uniform, as a drafted tree's root would read it
             token = _inverse_cdf(target_probs(logits[:, 0], samplings), own.uniforms((sub.batch_size, 1, 1))[:, 0, 0])
-            slots = torch.full((sub.batch_size, draft.max_depth + 1), -1, dtype=torch.long, device=token.device)
-            slots[:, 0] = 0
-            return Verified(slots, torch.zeros_like(token), token)
+            return _root_only(token, draft.max_depth)
         sub_draft = draft if index is None else DraftBatch(
             sub, rows(draft_probs), rows(draft.confidences), rows(draft.entries), rows(draft.tokens_in),
             draft.pending_width, draft.max_depth)
@@ -128,6 +123,13 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
         depth[index] = part.accepted_depth
         token[index] = part.next_token
     return Verified(slots, depth, token)
+
+
+def _root_only(token: torch.Tensor, max_depth: int) -> Verified:
+    """The verification of rows that keep their root alone and emit ``token [R]`` after it."""
+    slots = torch.full((int(token.shape[0]), max_depth + 1), -1, dtype=torch.long, device=token.device)
+    slots[:, 0] = 0
+    return Verified(slots, torch.zeros_like(token), token)
 
 
 def _verify_greedy_chain(tree: FlatTree, target_logits: torch.Tensor) -> Verified:
