@@ -136,6 +136,17 @@ class LeanKVCache:
 
     def __init__(self, num_layers: int) -> None:
         self.layers = [LeanLayerCache() for _ in range(num_layers)]
+        self._layer_stack: native.LayerStack | None = None
+
+    def layer_stack(self, calls: list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]]) -> native.LayerStack:
+        """``calls`` (each layer's weights and buffers for this pass) as a :class:`~spec_fast.lean.native.LayerStack`:
+        the last pass's when every struct and buffer is the same object as then (what it checked still holds),
+        else a new one, kept for the next pass."""
+        kept = self._layer_stack
+        if kept is None or len(kept.layers) != len(calls) or any(
+                new is not old for call, then in zip(calls, kept.layers) for new, old in zip(call, then)):
+            kept = self._layer_stack = native.LayerStack(calls)
+        return kept
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].key_length

@@ -478,9 +478,10 @@ class LeanLlama(nn.Module):
 
 
 def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: torch.Tensor | None
-                  ) -> list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]] | None:
-    """Every layer's :meth:`LeanDecoderLayer.native_call` for :func:`native.run_layers`, or None where any
-    layer would not run natively on its own, or the mask would need a conversion."""
+                  ) -> native.LayerStack | None:
+    """Every layer's :meth:`LeanDecoderLayer.native_call` for :func:`native.run_layers` (as the cache's
+    :meth:`~spec_fast.lean.cache.LeanKVCache.layer_stack`), or None where any layer would not run natively on
+    its own, or the mask would need a conversion."""
     if len(cache.layers) != len(layers) or (mask is not None and (mask.dtype != torch.float32
                                                                   or not mask.is_contiguous())):
         return None
@@ -490,7 +491,7 @@ def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: 
         if call is None:
             return None
         stack.append(call)
-    return stack
+    return cache.layer_stack(stack)
 
 
 def _norm(hf_norm: Any) -> RMSNorm:

@@ -37,8 +37,8 @@ import torch
 
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerWeights", "amx", "available",
-           "build", "disabled", "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks",
+__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerStack", "LayerWeights", "amx",
+           "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks",
            "pack_float32", "round_half", "run_layer", "unavailable_reason", "unpack_blocks", "unpack_float32",
            "using"]
 
@@ -403,23 +403,56 @@ def run_layer(weights: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     run_layers([(weights, keys, values)], x, cos, sin, mask, past)
 
 
-def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]], x: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor | None, past: int) -> None:
-    """The decoder layers ``stack`` (each ``(weights, keys, values)`` as in :func:`run_layer`) one after
-    another over ``x`` in place, the arguments every layer shares checked once. Python's part of :func:`run_layer`
-    (its checks, and a model's per-layer bookkeeping around it) is then paid once per pass, not once per
-    layer; the layers compute exactly what one :func:`run_layer` call each computes. A
-    ``MemoryError`` can leave ``x`` partly updated: pass a copy where that matters."""
+class LayerStack:
+    """Decoder layers ``(weights, keys, values)`` (each as in :func:`run_layer`) checked once for
+    :func:`run_layers`: every weights a :class:`LayerWeights` of the first one's hidden size, head size and
+    key/value heads, every ``keys``/``values`` a contiguous CPU buffer ``[B, H_kv, capacity, D]`` of one batch
+    size, float32 or float16, the values shaped as their keys. It holds the tensors, so the raw pointers it
+    keeps stay valid; a model reuses it across the passes that see the same tensors (the checks per pass
+    were a few tenths of a millisecond of Python, several percent of a one-row decoding step)."""
+
+    def __init__(self, stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]]) -> None:
+        self.layers = tuple(stack)
+        first, buffer = self.layers[0][:2] if self.layers else (None, None)
+        if first is not None and not isinstance(first, LayerWeights):
+            raise ValueError(f"weights must be a LayerWeights, got {type(first).__name__}")
+        shape = (int(first.hidden), int(first.head_dim), int(first.kv_heads)) if first is not None else (0, 0, 0)
+        self.hidden, self.dim, self.kv_heads = shape
+        self.batch = int(buffer.shape[0]) if isinstance(buffer, torch.Tensor) and buffer.dim() > 0 else 0
+        for weights, keys, values in self.layers:
+            if not isinstance(weights, LayerWeights) or (int(weights.hidden), int(weights.head_dim),
+                                                         int(weights.kv_heads)) != shape:
+                raise ValueError("every layer of a stack must be a LayerWeights of the first layer's hidden size, "
+                                 "head size and key/value heads")
+            cache_dtype = keys.dtype if isinstance(keys, torch.Tensor) and keys.dtype in CACHE_DTYPES else torch.float32
+            for name, buffer in (("keys", keys), ("values", values)):
+                _check(name, buffer, cache_dtype, 4, contiguous=True, shape=(self.batch, self.kv_heads, None, self.dim))
+            if tuple(keys.shape) != tuple(values.shape):
+                raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
+                                 f"values.shape={tuple(values.shape)}")
+        #: the slots every layer's buffers hold
+        self.capacity = min((int(keys.shape[2]) for _, keys, _ in self.layers), default=0)
+        self._calls = tuple((ctypes.byref(weights), keys.data_ptr(), values.data_ptr(), int(keys.shape[2]),
+                             int(keys.dtype == torch.float16)) for weights, keys, values in self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]], x: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int) -> None:
+    """The decoder layers ``stack`` (a :class:`LayerStack`, or the ``(weights, keys, values)`` of one, each as
+    in :func:`run_layer`) one after another over ``x`` in place, the arguments every layer shares checked once.
+    Python's part of :func:`run_layer` (its checks, and a model's per-layer bookkeeping around it) is then paid
+    once per pass, not once per layer; the layers compute exactly what one :func:`run_layer` call each
+    computes. A ``MemoryError`` can leave ``x`` partly updated: pass a copy where that matters."""
     lib = _library()
     assert lib is not None
-    if not stack:
+    if len(stack) == 0:
         return
-    first = stack[0][0]
-    if not isinstance(first, LayerWeights):
-        raise ValueError(f"weights must be a LayerWeights, got {type(first).__name__}")
-    _check("x", x, torch.float32, 3, contiguous=True, shape=(None, None, int(first.hidden)))
-    batch, num_query = int(x.shape[0]), int(x.shape[1])
-    dim, kv_heads = int(first.head_dim), int(first.kv_heads)
+    layers = stack if isinstance(stack, LayerStack) else LayerStack(stack)
+    _check("x", x, torch.float32, 3, contiguous=True, shape=(layers.batch, None, layers.hidden))
+    batch, num_query, dim = int(x.shape[0]), int(x.shape[1]), layers.dim
     if isinstance(past, bool) or not isinstance(past, int) or past < 0:
         raise ValueError(f"past must be an int >= 0, got past={past!r}")
     for name, table in (("cos", cos), ("sin", sin)):
@@ -432,27 +465,14 @@ def run_layers(stack: Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
         if mask.numel() != batch * num_query * (past + num_query) or int(mask.shape[-1]) != past + num_query:
             raise ValueError(f"mask must be [{batch}, {num_query}, {past + num_query}], got "
                              f"mask.shape={tuple(mask.shape)}")
-    for weights, keys, values in stack:
-        if not isinstance(weights, LayerWeights) or (int(weights.hidden), int(weights.head_dim),
-                                                     int(weights.kv_heads)) != (int(first.hidden), dim, kv_heads):
-            raise ValueError("every layer of a stack must be a LayerWeights of the first layer's hidden size, "
-                             "head size and key/value heads")
-        cache_dtype = keys.dtype if isinstance(keys, torch.Tensor) and keys.dtype in CACHE_DTYPES else torch.float32
-        for name, buffer in (("keys", keys), ("values", values)):
-            _check(name, buffer, cache_dtype, 4, contiguous=True, shape=(batch, kv_heads, None, dim))
-            if int(buffer.shape[2]) < past + num_query:
-                raise ValueError(f"{name} must hold at least past + Q = {past + num_query} slots, got "
-                                 f"{name}.shape={tuple(buffer.shape)}")
-        if tuple(keys.shape) != tuple(values.shape):
-            raise ValueError(f"values must have the shape of keys {tuple(keys.shape)}, got "
-                             f"values.shape={tuple(values.shape)}")
+    if layers.capacity < past + num_query:
+        raise ValueError(f"keys must hold at least past + Q = {past + num_query} slots, got {layers.capacity}")
     threads = torch.get_num_threads()
     x_data, cos_data, sin_data = x.data_ptr(), cos.data_ptr(), sin.data_ptr()
     mask_data = None if mask is None else mask.data_ptr()
-    for weights, keys, values in stack:
-        status = lib.spec_fast_layer(ctypes.byref(weights), x_data, batch, num_query, cos_data, sin_data, mask_data,
-                                     past, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), threads,
-                                     int(keys.dtype == torch.float16))
+    for weights, keys, values, capacity, half in layers._calls:
+        status = lib.spec_fast_layer(weights, x_data, batch, num_query, cos_data, sin_data, mask_data, past, keys,
+                                     values, capacity, threads, half)
         if status != 0:
             raise MemoryError("the native decoder layer could not allocate its scratch memory")
 

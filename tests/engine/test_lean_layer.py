@@ -8,7 +8,8 @@
   batch): the property that makes greedy speculative output equal plain decoding; the torch forward
   (torch's products, float32 SDPA attention) is the negative control (its logits do change with the pass);
 * the cache grows past its first buffer inside a pass and the layer keeps working; a fully masked query row
-  (padding) gives zeros, never NaN.
+  (padding) gives zeros, never NaN;
+* a cache reuses its checked layer stack only while every buffer and weight is the same object.
 """
 
 from __future__ import annotations
@@ -188,3 +189,50 @@ def test_the_thread_count_changes_no_result() -> None:
     finally:
         torch.set_num_threads(saved)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_a_cache_keeps_its_checked_layer_stack_while_its_buffers_and_weights_stay(monkeypatch: Any) -> None:
+    """The checks of a layer stack run once per set of buffers and weights: passes that see the same ones
+    reuse the cache's :class:`native.LayerStack`; a grown buffer or a replaced weight gets a new one (the old
+    one's pointers reach the old buffers and weights), and the logits are those of a fresh stack every pass."""
+    monkeypatch.setattr(lean_cache, "INITIAL_SLOTS", 8)
+    model = LeanLlama.from_hf(tiny_llama(seed=3))
+    seen: list[Any] = []
+    original = native.run_layers
+    monkeypatch.setattr(native, "run_layers", lambda stack, *args: seen.append(stack) or original(stack, *args))
+
+    def drive(cache: Any) -> list[torch.Tensor]:
+        out = [model(torch.tensor([[3, 9, 4]]), past_key_values=cache).logits]
+        out += [model(torch.tensor([[t + 1]]), past_key_values=cache).logits for t in range(4)]  # 7 of 8 slots
+        return out
+
+    with torch.no_grad():
+        cache = model.make_tree_cache(1)
+        kept = drive(cache)
+        assert len(seen) == 5 and all(isinstance(s, native.LayerStack) and s is seen[0] for s in seen)
+        model(torch.tensor([[5, 6]]), past_key_values=cache)  # 9 slots: every buffer grows
+        grown = seen[-1]
+        assert grown is not seen[0] and grown.layers[0][1] is cache.layers[0]._keys and grown.capacity >= 9
+        layer = model.model.layers[1]
+        layer.mlp.down_proj.packed = layer.mlp.down_proj.packed.clone()  # same values, another tensor
+        model(torch.tensor([[7]]), past_key_values=cache)
+        assert seen[-1] is not grown and seen[-1].layers[1][0] is layer.native_weights()
+        assert seen[-1].layers[0][0] is grown.layers[0][0]  # the other layers keep their structs
+        # the control: a fresh stack on every pass computes the same logits bit for bit
+        monkeypatch.setattr(lean_cache.LeanKVCache, "layer_stack", lambda self, calls: native.LayerStack(calls))
+        fresh = drive(model.make_tree_cache(1))
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh, strict=True))
+
+
+def test_run_layers_refuses_a_stack_whose_buffers_are_too_short_for_the_pass() -> None:
+    model = LeanLlama.from_hf(tiny_llama())
+    weights = model.model.layers[0].native_weights()
+    assert weights is not None
+    heads, dim, hidden = int(weights.kv_heads), int(weights.head_dim), int(weights.hidden)
+    stack = native.LayerStack([(weights, torch.zeros(1, heads, 4, dim), torch.zeros(1, heads, 4, dim))])
+    x, table = torch.randn(1, 2, hidden), torch.ones(1, 2, dim)
+    native.run_layers(stack, x.clone(), table, table, None, 2)  # 4 slots: fits
+    with pytest.raises(ValueError, match=r"^keys must hold at least past \+ Q = 5 slots, got 4"):
+        native.run_layers(stack, x.clone(), table, table, None, 3)
+    with pytest.raises(ValueError, match="^x must have shape"):
+        native.run_layers(stack, torch.randn(2, 2, hidden), table, table, None, 0)  # another batch size
