@@ -227,6 +227,12 @@ CATALOGUE: tuple[Mutant, ...] = (
        "const float d = amax / 128.f, inverse = d > 0.f ? 1.f / d : 0.f;\n            const __m512 scale",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
        "activation groups scaled to +-128 instead of +-127"),
+    _m("lean-layer-stack-kept-across-new-buffers", "spec_fast/lean/cache.py",
+       "                new is not old for call, then in zip(calls, kept.layers) for new, old in zip(call, then)):",
+       "                new is not old for call, then in zip(calls, kept.layers) for new, old in zip(call[:1], then)):",
+       ("tests/engine/test_lean_layer.py::test_a_cache_keeps_its_checked_layer_stack_while_its_buffers_and_weights_stay",),
+       "a pass reuses the cache's checked layer stack after its buffers grew (only the weights compared): the "
+       "layers would read and write the old buffers"),
     _m("native-halves-high-nibbles-misread", "spec_fast/lean/blocks.c",
        "_mm512_srli_epi16(both, 4)", "_mm512_srli_epi16(both, 3)",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),
