@@ -233,6 +233,13 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests/engine/test_lean_layer.py::test_a_cache_keeps_its_checked_layer_stack_while_its_buffers_and_weights_stay",),
        "a pass reuses the cache's checked layer stack after its buffers grew (only the weights compared): the "
        "layers would read and write the old buffers"),
+    _m("lean-cache-buffers-kept-across-new-buffers", "spec_fast/lean/cache.py",
+       "        if kept is None or len(kept.buffers) != len(buffers) or any(",
+       "        if kept is None or len(kept.buffers) != len(buffers) or False and any(",
+       ("tests/engine/test_tree_attention_and_cache.py::"
+        "test_the_lean_cache_checks_its_buffers_for_a_move_once_and_again_when_they_are_replaced",),
+       "a ragged commit's native move keeps the pointers of the cache's first buffers after they were replaced: "
+       "it moves entries in the old buffers"),
     _m("native-halves-high-nibbles-misread", "spec_fast/lean/blocks.c",
        "_mm512_srli_epi16(both, 4)", "_mm512_srli_epi16(both, 3)",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),

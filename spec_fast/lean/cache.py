@@ -137,6 +137,7 @@ class LeanKVCache:
     def __init__(self, num_layers: int) -> None:
         self.layers = [LeanLayerCache() for _ in range(num_layers)]
         self._layer_stack: native.LayerStack | None = None
+        self._cache_buffers: native.CacheBuffers | None = None
 
     def layer_stack(self, calls: list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]]) -> native.LayerStack:
         """``calls`` (each layer's weights and buffers for this pass) as a :class:`~spec_fast.lean.native.LayerStack`:
@@ -146,6 +147,8 @@ class LeanKVCache:
         if kept is None or len(kept.layers) != len(calls) or any(
                 new is not old for call, then in zip(calls, kept.layers) for new, old in zip(call, then)):
             kept = self._layer_stack = native.LayerStack(calls)
+            # the buffers may have changed: a kept move would hold the old ones alive
+            self._cache_buffers = None
         return kept
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -160,14 +163,19 @@ class LeanKVCache:
         if not self.layers or not native.available():
             return False
         buffers = [(layer._keys, layer._values) for layer in self.layers]
-        first = buffers[0][0]
-        if first is None or first.dtype not in native.CACHE_DTYPES or first.device.type != "cpu" or any(
-                k is None or v is None or k.shape != first.shape or v.shape != first.shape
-                or k.dtype != first.dtype or v.dtype != first.dtype
-                or not (k.is_contiguous() and v.is_contiguous()) for k, v in buffers):
-            return False
-        native.move_entries([(k, v) for k, v in buffers if k is not None and v is not None],
-                            source.contiguous(), target.contiguous(), counts.contiguous())
+        kept = self._cache_buffers
+        if kept is None or len(kept.buffers) != len(buffers) or any(
+                k is not kept_k or v is not kept_v for (k, v), (kept_k, kept_v) in zip(buffers, kept.buffers)):
+            first = buffers[0][0]
+            if first is None or first.dtype not in native.CACHE_DTYPES or first.device.type != "cpu" or any(
+                    k is None or v is None or k.shape != first.shape or v.shape != first.shape
+                    or k.dtype != first.dtype or v.dtype != first.dtype
+                    or not (k.is_contiguous() and v.is_contiguous()) for k, v in buffers):
+                return False
+            # checked once per set of buffers (60 checks in Python cost a few percent of a ragged step)
+            kept = self._cache_buffers = native.CacheBuffers([(k, v) for k, v in buffers
+                                                              if k is not None and v is not None])
+        native.move_entries(kept, source.contiguous(), target.contiguous(), counts.contiguous())
         for layer in self.layers:
             layer.key_length = layer.value_length = length
         return True

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from spec_fast.lean.gguf_file import GGUFFile, read_gguf_file
-from spec_fast.lean import native
+from spec_fast.lean.huge_pages import huge_page_copies
 from spec_fast.lean.model import LeanLlama
 from spec_fast.lean.quant import LeanLinear
 
@@ -133,9 +133,9 @@ def lean_from_gguf(path: str, weights: str = "float32", head_weights: str | None
     the file's Q4_1 and Q8_0 blocks as they are (:meth:`LeanLinear.from_blocks`) and de-quantises the rest."""
     model = LeanLlama.from_hf(read_gguf_llama(path, keep_blocks=weights == "gguf"), weights, head_weights)
     if weights == "gguf":
-        # every pass streams all packed weights once: one buffer on huge pages (native.huge_page_copies)
+        # every pass streams all packed weights once: one buffer on huge pages (huge_page_copies)
         packed = [(m, m.packed) for m in model.modules() if isinstance(m, LeanLinear) and m.packed is not None]
-        for (layer, _), copy in zip(packed, native.huge_page_copies([t for _, t in packed if t is not None])):
+        for (layer, _), copy in zip(packed, huge_page_copies([t for _, t in packed if t is not None])):
             layer.packed = copy
     return model
 

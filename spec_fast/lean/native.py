@@ -37,10 +37,10 @@ import torch
 
 from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "GROUP", "LAYER_KINDS", "LayerStack", "LayerWeights", "amx",
-           "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32", "move_entries", "pack_blocks",
-           "pack_float32", "round_half", "run_layer", "unavailable_reason", "unpack_blocks", "unpack_float32",
-           "using"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
+           "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
+           "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer", "unavailable_reason",
+           "unpack_blocks", "unpack_float32", "using"]
 
 _VERSION = 9
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
@@ -296,41 +296,6 @@ def mm_float32(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torc
     return out
 
 
-#: the huge page size of x86-64 and arm64 Linux kernels (2 MiB)
-HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def huge_page_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of the contiguous CPU ``tensors`` laid out one after another in one buffer that Linux is asked
-    to back with 2 MiB pages (``madvise(MADV_HUGEPAGE)``, before the copies touch it), each copy 64-byte
-    aligned; elsewhere, or where the request fails, the same copies on ordinary pages.
-
-    A decoding pass streams every packed weight once: on 4 KiB pages that is a TLB miss every 4 KiB of a
-    100 MB model. The products of 30 SmolLM2 layers (1 and 4 rows, 1 thread) ran faster from huge pages in
-    a measurement that was not committed; the committed effect is inside the before/after pass costs of
-    ``bench/results/target_cost_gguf/run2/``."""
-    sizes = [int(t.numel()) * t.element_size() for t in tensors]
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += -(-size // 64) * 64
-    if total == 0:
-        return [t.clone() for t in tensors]
-    buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
-    start = -buffer.data_ptr() % HUGE_PAGE
-    madvise = getattr(ctypes.CDLL(None), "madvise", None) if sys.platform.startswith("linux") else None
-    if madvise is not None:
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        madvise(ctypes.c_void_p(buffer.data_ptr() + start), ctypes.c_size_t(total), _MADV_HUGEPAGE)
-    copies = []
-    for tensor, offset, size in zip(tensors, offsets, sizes):
-        view = buffer[start + offset:start + offset + size].view(tensor.dtype).view(tensor.shape)
-        view.copy_(tensor)
-        copies.append(view)
-    return copies
-
-
 def mm_blocks(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """``x [M, K]`` float32 on the CPU times a block-quantised weight's transpose -> ``[M, N]`` float32.
 
@@ -488,34 +453,46 @@ def round_half(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def move_entries(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor, target: torch.Tensor,
-                 counts: torch.Tensor) -> None:
-    """In every ``(keys, values)`` of ``buffers`` (``[B, H_kv, capacity, D]`` contiguous CPU buffers of one
-    shape and one dtype, float32 or float16) and row ``b``, move the entry at slot ``source[b, i]`` to slot
-    ``target[b, i]`` for ``i < counts[b]``, every kept entry of a row read before any is written (``layer.c``,
-    ``spec_fast_move_entries``). ``source, target [B, M]`` and ``counts [B]`` are int64; an index outside the
-    buffers or a count outside ``[0, M]`` is a ValueError and nothing moves."""
+class CacheBuffers:
+    """Every layer's ``(keys, values)`` of a KV cache checked once for :func:`move_entries`: ``[B, H_kv,
+    capacity, D]`` contiguous CPU buffers of one shape and one dtype, float32 or float16. It holds the tensors,
+    so the pointer arrays it keeps stay valid; a cache reuses it while its buffers are the same objects."""
+
+    def __init__(self, buffers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.buffers = tuple(buffers)
+        first = self.buffers[0][0] if self.buffers else None
+        if self.buffers and not isinstance(first, torch.Tensor):
+            raise ValueError(f"keys must be a torch.Tensor, got {type(first).__name__}")
+        self.shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
+        cache_dtype = first.dtype if isinstance(first, torch.Tensor) and first.dtype in CACHE_DTYPES else torch.float32
+        for keys, values in self.buffers:
+            for name, buffer in (("keys", keys), ("values", values)):
+                _check(name, buffer, cache_dtype, 4, contiguous=True, shape=self.shape)
+        self.element_size = first.element_size() if isinstance(first, torch.Tensor) else 0
+        self.key_pointers = (ctypes.c_void_p * len(self.buffers))(*[k.data_ptr() for k, _ in self.buffers])
+        self.value_pointers = (ctypes.c_void_p * len(self.buffers))(*[v.data_ptr() for _, v in self.buffers])
+
+
+def move_entries(buffers: CacheBuffers | Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor,
+                 target: torch.Tensor, counts: torch.Tensor) -> None:
+    """In every ``(keys, values)`` of ``buffers`` (a :class:`CacheBuffers`, or the pairs of one) and row ``b``,
+    move the entry at slot ``source[b, i]`` to slot ``target[b, i]`` for ``i < counts[b]``, every kept entry of
+    a row read before any is written (``layer.c``, ``spec_fast_move_entries``). ``source, target [B, M]`` and
+    ``counts [B]`` are int64; an index outside the buffers or a count outside ``[0, M]`` is a ValueError and
+    nothing moves."""
     lib = _library()
     assert lib is not None
-    if not buffers:
+    if len(buffers.buffers if isinstance(buffers, CacheBuffers) else buffers) == 0:
         return
-    first = buffers[0][0]
-    if not isinstance(first, torch.Tensor):
-        raise ValueError(f"keys must be a torch.Tensor, got {type(first).__name__}")
-    shape, cache_dtype = tuple(first.shape), first.dtype if first.dtype in CACHE_DTYPES else torch.float32
-    for keys, values in buffers:
-        for name, buffer in (("keys", keys), ("values", values)):
-            _check(name, buffer, cache_dtype, 4, contiguous=True, shape=shape)
-    batch, heads, capacity, dim = shape
+    prepared = buffers if isinstance(buffers, CacheBuffers) else CacheBuffers(buffers)
+    batch, heads, capacity, dim = prepared.shape
     _check("source", source, torch.int64, 2, contiguous=True, shape=(batch, None))
     most = int(source.shape[1])
     _check("target", target, torch.int64, 2, contiguous=True, shape=(batch, most))
     _check("counts", counts, torch.int64, 1, contiguous=True, shape=(batch,))
-    key_pointers = (ctypes.c_void_p * len(buffers))(*[k.data_ptr() for k, _ in buffers])
-    value_pointers = (ctypes.c_void_p * len(buffers))(*[v.data_ptr() for _, v in buffers])
-    status = lib.spec_fast_move_entries(len(buffers), key_pointers, value_pointers, batch, heads, capacity, dim,
-                                        source.data_ptr(), target.data_ptr(), counts.data_ptr(), most,
-                                        first.element_size())
+    status = lib.spec_fast_move_entries(len(prepared.buffers), prepared.key_pointers, prepared.value_pointers, batch,
+                                        heads, capacity, dim, source.data_ptr(), target.data_ptr(), counts.data_ptr(),
+                                        most, prepared.element_size)
     if status == -2:
         raise ValueError(f"source and target must index slots in [0, {capacity}) and counts lie in [0, {most}]")
     if status != 0:

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from spec_fast.lean import LeanLinear, LeanLlama, native
+from spec_fast.lean.huge_pages import huge_page_copies
 from tests.engine.models import tiny_llama
 from tests.engine.test_lean import _drive
 from tests.engine.test_lean_layer import _token_logits_depend_on_the_pass
@@ -234,7 +235,7 @@ def test_both_builds_quantise_awkward_activations_alike(portable: Any) -> None:
 def test_huge_page_copies_are_equal_aligned_copies_in_one_buffer() -> None:
     tensors = [torch.randint(0, 255, (3, 77), dtype=torch.uint8), torch.randn(5, 7), torch.zeros(0, dtype=torch.uint8),
                torch.randint(0, 255, (1000,), dtype=torch.uint8)]
-    copies = native.huge_page_copies(tensors)
+    copies = huge_page_copies(tensors)
     for original, copy in zip(tensors, copies, strict=True):
         assert copy.dtype == original.dtype and copy.shape == original.shape and torch.equal(copy, original)
         assert copy.data_ptr() % 64 == 0 or copy.numel() == 0

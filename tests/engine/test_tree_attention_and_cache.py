@@ -179,6 +179,38 @@ def test_the_lean_cache_moves_kept_entries_natively_and_refuses_slots_outside_it
         assert not cache.move_entries(source, target, counts, 13)  # the caller moves them in torch
 
 
+def test_the_lean_cache_checks_its_buffers_for_a_move_once_and_again_when_they_are_replaced() -> None:
+    """A move reuses the cache's checked :class:`native.CacheBuffers` while every buffer is the same object; once
+    the buffers are replaced (they grew), the next move checks the new ones and moves entries in them, not in
+    the old ones its pointers reached before."""
+    if not native.available():
+        pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
+    cache = LEAN.make_tree_cache(2)
+
+    def fill(slots: int) -> list[torch.Tensor]:
+        keys = [torch.randn(2, 2, slots, 8) for _ in cache.layers]
+        for layer, k in zip(cache.layers, keys):
+            layer.keys, layer.values = k.clone(), k.clone() + 1
+        return keys
+
+    source, target, counts = torch.tensor([[9, 11], [7, 0]]), torch.tensor([[4, 5], [3, 0]]), torch.tensor([2, 1])
+    seen: list[Any] = []
+    with pytest.MonkeyPatch.context() as patch:
+        real = native.move_entries
+        patch.setattr(native, "move_entries", lambda buffers, *a: seen.append(buffers) or real(buffers, *a))
+        fill(16)
+        assert cache.move_entries(source, target, counts, 12) and cache.move_entries(source, target, counts, 12)
+        assert isinstance(seen[0], native.CacheBuffers) and seen[1] is seen[0]
+        old_buffers = [layer._keys for layer in cache.layers]
+        keys = fill(300)  # more than the first buffers hold: every layer gets new ones
+        assert all(layer._keys is not old for layer, old in zip(cache.layers, old_buffers))
+        assert cache.move_entries(source, target, counts, 12)
+    assert seen[2] is not seen[0] and seen[2].buffers[0][0] is cache.layers[0]._keys
+    for layer, k in zip(cache.layers, keys):
+        assert torch.equal(layer.keys[0, :, 4], k[0, :, 9]) and torch.equal(layer.keys[0, :, 5], k[0, :, 11])
+        assert torch.equal(layer.keys[1, :, 3], k[1, :, 7]) and torch.equal(layer.values[1, :, 3], k[1, :, 7] + 1)
+
+
 def _check_ragged_commit(model: Any, prompts: list[list[int]], width: int, keeps: list[list[int]]) -> None:
     cache = TreeKVCache(model, len(prompts), torch.device("cpu"))
     longest = max(len(p) for p in prompts)
