@@ -32,17 +32,19 @@ def draft_chain(
     """
     batch = len(pending)
     logits, width = pending_forward(drafter, state, pending, device)
+    # argmax_law's one-hot law is built from the tokens below, once for all levels
+    greedy = draft_law is argmax_law
     tokens: list[torch.Tensor] = []  # [B] per depth
     qs: list[torch.Tensor] = []  # [B, V] per depth
     entries = [width - 1]
     for level in range(depth):
-        q = draft_law(logits)[:, 0]
-        if draft_law is argmax_law:
+        if greedy:
             token = first_max_index(logits[:, 0])
         else:
+            q = draft_law(logits)[:, 0]
             token = categorical(q, streams.uniforms(level, 1)).squeeze(1)
+            qs.append(q)
         tokens.append(token)
-        qs.append(q)
         if level + 1 >= depth:
             break
         base = drafter.num_block(state)
@@ -57,10 +59,17 @@ def draft_chain(
         draws=torch.cat([drafted, pad], dim=1).unsqueeze(-1),
         valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
     )
-    law = torch.stack(qs, dim=1)  # [B, D, V]
-    draft_probs = torch.cat([law, torch.zeros_like(qs[0]).unsqueeze(1)], dim=1).float()
-    taken = torch.gather(law, 2, drafted.unsqueeze(2)).squeeze(2).float()  # q(x_d) [B, D]
-    confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(taken, dim=1)], dim=1)
+    if greedy:
+        # what the general branch computes from argmax_law: one-hot rows at the drafted tokens, then a row of
+        # zeros; every q(x_d) is 1
+        draft_probs = torch.zeros(batch, depth + 1, int(logits.shape[-1]), dtype=torch.float32, device=device)
+        draft_probs[:, :depth].scatter_(2, drafted.unsqueeze(2), 1.0)
+        confidences = torch.ones(batch, depth + 1, device=device)
+    else:
+        law = torch.stack(qs, dim=1)  # [B, D, V]
+        draft_probs = torch.cat([law, torch.zeros_like(qs[0]).unsqueeze(1)], dim=1).float()
+        taken = torch.gather(law, 2, drafted.unsqueeze(2)).squeeze(2).float()  # q(x_d) [B, D]
+        confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(taken, dim=1)], dim=1)
     entry_row = torch.tensor(entries + [-1], dtype=torch.long, device=device)
     tokens_in = torch.cat([torch.tensor(list(roots), dtype=torch.long, device=device).unsqueeze(1), drafted], dim=1)
     return DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),

@@ -62,6 +62,31 @@ def test_a_self_draft_accepts_every_token_and_stays_exact() -> None:
     assert result.metrics.block_efficiency > 4
 
 
+def test_a_greedy_chain_drafts_what_the_general_chain_drafts_from_the_one_hot_law() -> None:
+    """The greedy chain builder skips the one-hot law's draw and builds its law from the drafted tokens; a law
+    function that returns the same one-hot law but is not ``argmax_law`` itself takes the general path (a draw
+    per level, the law stacked from each level's), and every field of the two drafts is equal."""
+    from spec_fast.decoding import SamplingParams
+    from spec_fast.drafts.batch import argmax_law
+
+    target = tiny_llama(seed=4)
+    decoder = SpeculativeDecoder(target, ModelDrafter(tiny_llama(seed=5)), parse_strategy("chain:4"))
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    drafts = []
+    for law in (argmax_law, lambda logits: argmax_law(logits)):
+        state = decoder.begin(prompts, [8, 8], [SamplingParams()] * 2, [0, 1], set())
+        state.depth_caps = [4, 4]
+        drafts.append(decoder.proposer.draft(state, 4, law, decoder.device)[0])
+    fast, general = drafts
+    for name in ("tokens", "parents", "depths", "draws", "valid"):
+        assert torch.equal(getattr(fast.tree, name), getattr(general.tree, name)), name
+    assert fast.draft_probs is not None and general.draft_probs is not None
+    assert fast.draft_probs.dtype == general.draft_probs.dtype == torch.float32
+    for name in ("draft_probs", "confidences", "entries", "tokens_in"):
+        assert torch.equal(getattr(fast, name), getattr(general, name)), name
+    assert (fast.pending_width, fast.max_depth, fast.chain) == (general.pending_width, general.max_depth, general.chain)
+
+
 @pytest.mark.parametrize("strategy", ["ar", "chain:3"])
 def test_tied_logits_give_the_lowest_token_id_in_plain_and_speculative_steps(strategy: str) -> None:
     target = tiny_llama()
