@@ -4,9 +4,10 @@ Engines of the default model (the CLI's settings: the GGUF file's blocks on the 
 chat prompts (``bench.workloads.TUNING``; this is a diagnostic that informs the batch policy's defaults, so it
 stays off the held-out prompts) in five cells: plain decoding of 1 and 4 requests, and the default draft and
 strategy at 1 and 2 requests with each step's depth forced to 0 (a plain step of the drafting decoder) or to
-its strategy's depth. The cells take turns in blocks of ``--block`` steps, ``--rounds`` rounds, so that a slow
-phase of the shared machine weighs on all of them alike; each phase's ms per step is the median over the
-rounds. Phases: drafting, the target pass (within it the native decoder layers and the LM head product),
+its strategy's depth. The cells take turns in blocks of ``--block`` steps, ``--rounds`` rounds (the order reversed
+every other round), so that a slow phase of the shared machine weighs on all of them alike; the two depths of
+the default at a row count take turns on one engine, so they are timed at the same context lengths. Each
+phase's ms per step is the median over the rounds. Phases: drafting, the target pass (within it the native decoder layers and the LM head product),
 verification, the commit (within it the native move of ragged rows' kept entries), and the whole engine step.
 The same run also measures the step table the batch-aware default reads
 (``spec_fast.engine.batch_depth.measure_step_cost``), to set its ratios beside the ones of real decoding.
@@ -92,14 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         "default at depth 0, 1 row": (speculative, 1, 0), f"default at depth {depth}, 1 row": (speculative, 1, depth),
         "default at depth 0, 2 rows": (speculative, 2, 0), f"default at depth {depth}, 2 rows": (speculative, 2, depth),
     }
-    engines: dict[str, BatchEngine] = {}
-    for i, (name, (decoder, rows, _)) in enumerate(cells.items()):
-        engine = BatchEngine(decoder, max_batch_size=rows, depth_policy="fixed")
-        for j in range(rows):
-            # long enough that no request ends within the run (the steps stay at `rows` rows)
-            engine.add_request(prompts[(i + j) % len(prompts)], SamplingParams(), 2 * (args.rounds + 1) * args.block + 64)
-        engine.step()
-        engines[name] = engine
+    # one engine per decoder and row count: a drafting decoder's cells at depth 0 and at its depth take turns on
+    # the same requests, so both are timed at the same context lengths (an engine of its own at each depth ran
+    # ahead in context at the deeper one, and its attention cost more for that alone)
+    engines: dict[tuple[int, int], BatchEngine] = {}
+    for decoder, rows, _ in cells.values():
+        key = (id(decoder), rows)
+        if key not in engines:
+            engine = BatchEngine(decoder, max_batch_size=rows, depth_policy="fixed")
+            for j in range(rows):
+                # long enough that no request ends within the run (the steps stay at `rows` rows)
+                engine.add_request(prompts[(len(engines) + j) % len(prompts)], SamplingParams(),
+                                   4 * (args.rounds + 1) * (args.block + 1) + 64)
+            engine.step()
+            engines[key] = engine
 
     timer = PhaseTimer()
     for owner, name, key in ((SpeculativeDecoder, "_draft_phase", "draft"), (SpeculativeDecoder, "_target_phase", "target"),
@@ -111,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     tokens: dict[str, int] = {name: 0 for name in cells}
     loads = []
     try:
-        for _ in range(args.rounds):
+        names = list(cells)
+        for round_index in range(args.rounds):
             loads.append(os.getloadavg()[0])
-            for name, (_, _, forced) in cells.items():
-                engine = engines[name]
+            # the order reverses every round, so that neither depth of an engine always runs at the longer context
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                decoder, rows, forced = cells[name]
+                engine = engines[(id(decoder), rows)]
                 assert engine.state is not None
                 if forced is not None:
                     engine.state.step_cost = forcing(forced, depth)
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": "bench.workloads.TUNING chat (a diagnostic for the policy's defaults: off the held-out prompts), "
                    "greedy, no end-of-sequence token: every request decodes to the end of the run",
         "method": f"the cells take turns in blocks of {args.block} steps (after one untimed step), {args.rounds} "
-                  "rounds; ms per step = median over the rounds",
+                  "rounds, the order reversed every other round; the default's two depths at a row count on one "
+                  "engine (the same requests and contexts); ms per step = median over the rounds",
         "load average (1 min) over the rounds": f"{min(loads):.1f} to {max(loads):.1f}",
         "step ratios in decoding": {k: round(v, 3) for k, v in ratios.items()},
         "step ratios in the policy's table (measure_step_cost, same run)": {k: round(v, 3)
