@@ -234,8 +234,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "a pass reuses the cache's checked layer stack after its buffers grew (only the weights compared): the "
        "layers would read and write the old buffers"),
     _m("lean-cache-buffers-kept-across-new-buffers", "spec_fast/lean/cache.py",
-       "        if kept is None or len(kept.buffers) != len(buffers) or any(",
-       "        if kept is None or len(kept.buffers) != len(buffers) or False and any(",
+       "        if kept is None or len(kept) != len(buffers) or any(",
+       "        if kept is None or len(kept) != len(buffers) or False and any(",
        ("tests/engine/test_tree_attention_and_cache.py::"
         "test_the_lean_cache_checks_its_buffers_for_a_move_once_and_again_when_they_are_replaced",),
        "a ragged commit's native move keeps the pointers of the cache's first buffers after they were replaced: "

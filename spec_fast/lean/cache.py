@@ -164,7 +164,7 @@ class LeanKVCache:
             return False
         buffers = [(layer._keys, layer._values) for layer in self.layers]
         kept = self._cache_buffers
-        if kept is None or len(kept.buffers) != len(buffers) or any(
+        if kept is None or len(kept) != len(buffers) or any(
                 k is not kept_k or v is not kept_v for (k, v), (kept_k, kept_v) in zip(buffers, kept.buffers)):
             first = buffers[0][0]
             if first is None or first.dtype not in native.CACHE_DTYPES or first.device.type != "cpu" or any(

@@ -472,6 +472,9 @@ class CacheBuffers:
         self.key_pointers = (ctypes.c_void_p * len(self.buffers))(*[k.data_ptr() for k, _ in self.buffers])
         self.value_pointers = (ctypes.c_void_p * len(self.buffers))(*[v.data_ptr() for _, v in self.buffers])
 
+    def __len__(self) -> int:
+        return len(self.buffers)
+
 
 def move_entries(buffers: CacheBuffers | Sequence[tuple[torch.Tensor, torch.Tensor]], source: torch.Tensor,
                  target: torch.Tensor, counts: torch.Tensor) -> None:
@@ -482,7 +485,7 @@ def move_entries(buffers: CacheBuffers | Sequence[tuple[torch.Tensor, torch.Tens
     nothing moves."""
     lib = _library()
     assert lib is not None
-    if len(buffers.buffers if isinstance(buffers, CacheBuffers) else buffers) == 0:
+    if len(buffers) == 0:
         return
     prepared = buffers if isinstance(buffers, CacheBuffers) else CacheBuffers(buffers)
     batch, heads, capacity, dim = prepared.shape
@@ -490,7 +493,7 @@ def move_entries(buffers: CacheBuffers | Sequence[tuple[torch.Tensor, torch.Tens
     most = int(source.shape[1])
     _check("target", target, torch.int64, 2, contiguous=True, shape=(batch, most))
     _check("counts", counts, torch.int64, 1, contiguous=True, shape=(batch,))
-    status = lib.spec_fast_move_entries(len(prepared.buffers), prepared.key_pointers, prepared.value_pointers, batch,
+    status = lib.spec_fast_move_entries(len(prepared), prepared.key_pointers, prepared.value_pointers, batch,
                                         heads, capacity, dim, source.data_ptr(), target.data_ptr(), counts.data_ptr(),
                                         most, prepared.element_size)
     if status == -2:
