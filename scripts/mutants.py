@@ -240,6 +240,17 @@ CATALOGUE: tuple[Mutant, ...] = (
         "test_the_lean_cache_checks_its_buffers_for_a_move_once_and_again_when_they_are_replaced",),
        "a ragged commit's native move keeps the pointers of the cache's first buffers after they were replaced: "
        "it moves entries in the old buffers"),
+    _m("lean-join-leaves-padding-unwritten", "spec_fast/lean/cache.py",
+       "        if their_length < length:\n", "        if False:\n",
+       ("tests/engine/test_lean_cache_rows.py::test_a_joining_row_lands_in_a_spare_row_with_its_padding_zeroed",
+        "tests/engine/test_batch_engine.py::test_the_lean_cache_never_reads_a_slot_before_writing_it"),
+       "a request joining a running batch keeps whatever its spare row held past its prompt: an attention that "
+       "does not skip masked slots multiplies NaN by zero"),
+    _m("lean-departure-moves-rows-in-any-order", "spec_fast/lean/cache.py",
+       "        if all(b not in destinations for _, b in moves) or all(",
+       "        if True or all(",
+       ("tests/engine/test_lean_cache_rows.py::test_take_rows_keeps_the_kept_rows_entries_in_place",),
+       "a departure copies rows one by one in an order that overwrites a row before it is read"),
     _m("native-halves-high-nibbles-misread", "spec_fast/lean/blocks.c",
        "_mm512_srli_epi16(both, 4)", "_mm512_srli_epi16(both, 3)",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),

@@ -246,6 +246,11 @@ class TreeKVCache:
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.lengths = self.lengths.index_select(0, index)
         new_size = int(self.lengths.max().item()) if rows else 0
+        in_place = getattr(self.cache, "take_rows", None)  # the lean cache moves rows inside its buffers
+        if in_place is not None:
+            in_place(rows, new_size)
+            self._resize(new_size)
+            return
         layers: list[Any] = list(self.cache.layers)
         for layer in layers:
             if layer.keys is None or layer.keys.numel() == 0:
@@ -260,6 +265,13 @@ class TreeKVCache:
         self._check_between_steps("append_rows")
         other._check_between_steps("append_rows")
         new_size = max(self.context_size, other.context_size)
+        in_place = getattr(self.cache, "append_rows", None)  # the lean cache copies the rows into spare ones
+        if in_place is not None and type(other.cache) is type(self.cache):
+            in_place(other.cache, self.batch_size, other.batch_size, new_size)
+            self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
+            self.passes += other.passes
+            self._resize(new_size)
+            return
         mine: list[Any] = list(self.cache.layers)
         theirs: list[Any] = list(other.cache.layers)
         if len(mine) != len(theirs):
@@ -277,6 +289,13 @@ class TreeKVCache:
         self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
         self.passes += other.passes
         self._resize(new_size)
+
+    def reserve_rows(self, rows: int) -> None:
+        """Room for ``rows`` rows where the cache's layout has it (the lean cache), so that rows appended
+        later are copied into place rather than the whole cache into a new allocation; otherwise nothing."""
+        reserve = getattr(self.cache, "reserve_rows", None)
+        if reserve is not None:
+            reserve(rows)
 
     def load_context(self, rows: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]] | None]) -> None:
         """Fill an empty cache with committed entries computed earlier (a reused prompt prefix): row b gets

@@ -357,6 +357,8 @@ class BatchEngine:
             joining.step_cost = self.decoder.step_cost()
         if self.state is None:
             self.state = joining
+            if not self.static:  # room for a full batch: later requests join by a copy of their own rows
+                joining.target_cache.reserve_rows(self.max_batch_size)
         else:
             self.state.join(joining)
         self._rows.extend(admitted)
@@ -367,9 +369,12 @@ class BatchEngine:
                                                 [r.sampling for r in admitted])
 
     def _keep_rows(self, rows: list[int]) -> None:
-        """Keep only running rows ``rows`` (the others' cache rows are freed)."""
+        """Keep only running rows ``rows`` (the others' cache rows are freed). A kept row stays where it is
+        unless it sits behind the kept count; those fill the holes, so a departure moves at most as many
+        rows' cache entries as left, not every row behind it (no request's output depends on its row)."""
         if len(rows) == len(self._rows):
             return
+        rows = hole_filling_order(rows)
         self._rows = [self._rows[b] for b in rows]
         if not rows:
             self.state = None
@@ -405,6 +410,15 @@ class BatchEngine:
         if self.tokenizer is not None:
             text = self._decode(request.tokens)
         return RequestOutput(request.request_id, tokens, True, reason, text, _snapshot(request.stats))
+
+
+def hole_filling_order(rows: list[int]) -> list[int]:
+    """``rows`` (distinct row indices) reordered so that each row below ``len(rows)`` keeps its place and the
+    others fill the places left free, in order: ``[0, 2, 4] -> [0, 4, 2]``."""
+    count = len(rows)
+    staying = {b for b in rows if b < count}
+    movers = iter(b for b in rows if b >= count)
+    return [i if i in staying else next(movers) for i in range(count)]
 
 
 def _snapshot(stats: RequestStats) -> RequestStats:
