@@ -77,18 +77,46 @@ def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: 
     stats: dict[int, Any] = {}
     order: list[int] = []
     step = 0
+    # where the time goes: admissions (prefill and joining the batch), departures (freeing rows), and decoding
+    # steps by the rows they decode (instance attributes, removed again below)
+    spent = {"admit": 0.0, "depart": 0.0}
+    by_rows: dict[int, list[float]] = {}
+
+    def timed(name: str, function: Any) -> Any:
+        def call(*args: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                spent[name] += time.perf_counter() - begin
+        return call
+
+    def timed_step(state: Any) -> Any:
+        rows, begin = sum(state.active), time.perf_counter()
+        try:
+            return decode_step(state)
+        finally:
+            by_rows.setdefault(rows, []).append(time.perf_counter() - begin)
+
+    decode_step = decoder.step
+    engine._admit = timed("admit", engine._admit)  # type: ignore[method-assign]
+    engine._keep_rows = timed("depart", engine._keep_rows)  # type: ignore[method-assign]
+    decoder.step = timed_step  # type: ignore[method-assign]
     start = time.perf_counter()
-    while len(order) < len(prompts) or engine.has_unfinished():
-        while len(order) < len(prompts) and len(order) * stagger <= step:
-            rid = engine.add_request(prompts[len(order)], SamplingParams(), new_tokens)
-            order.append(rid)
-            tokens[rid] = []
-        for out in engine.step():
-            tokens[out.request_id].extend(out.new_tokens)
-            if out.finished:
-                stats[out.request_id] = out.stats
-        step += 1
-    seconds = time.perf_counter() - start
+    try:
+        while len(order) < len(prompts) or engine.has_unfinished():
+            while len(order) < len(prompts) and len(order) * stagger <= step:
+                rid = engine.add_request(prompts[len(order)], SamplingParams(), new_tokens)
+                order.append(rid)
+                tokens[rid] = []
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_tokens)
+                if out.finished:
+                    stats[out.request_id] = out.stats
+            step += 1
+        seconds = time.perf_counter() - start
+    finally:
+        del decoder.step
     generated = sum(len(t) for t in tokens.values())
     ttft = [stats[r].ttft_s for r in order]
     tpot = [stats[r].tpot_s for r in order]
@@ -97,7 +125,22 @@ def run_cell(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: 
             "tpot_p50_s": percentile(tpot, 0.5), "tpot_p95_s": percentile(tpot, 0.95),
             "mean_accepted_length": statistics.mean(stats[r].mean_accepted_length for r in order),
             "prefix_reused_tokens": engine.prefix_cache.reused_tokens if engine.prefix_cache is not None else 0,
+            "admit_s": spent["admit"], "depart_s": spent["depart"],
+            "decode_steps_by_rows": {rows: {"steps": len(t), "seconds": sum(t)} for rows, t in sorted(by_rows.items())},
             "tokens": [tokens[r] for r in order]}
+
+
+def ceiling(batched: dict[str, Any], alone: dict[str, Any]) -> float:
+    """The "x one at a time" the batched run would reach if each of its decoding steps cost what a one-row
+    step cost in the one-at-a-time run: its admissions as measured, nothing else. What the arrival schedule,
+    the requests' lengths and their prefills leave to batching at best."""
+    one_row = alone["decode_steps_by_rows"].get(1)
+    if not one_row or not one_row["steps"]:
+        return float("nan")
+    per_step = one_row["seconds"] / one_row["steps"]
+    steps = sum(cell["steps"] for cell in batched["decode_steps_by_rows"].values())
+    best = batched["admit_s"] + steps * per_step
+    return float(batched["generated_tokens"] / best / alone["tokens_per_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                         tokenizer.eos_token_id, max_batch_size=1, **engine_options[name])
                     cell["one_at_a_time_tokens_per_s"] = alone_cell["tokens_per_s"]
                     cell["speedup_over_one_at_a_time"] = cell["tokens_per_s"] / alone_cell["tokens_per_s"]
+                    cell["ceiling_over_one_at_a_time"] = ceiling(cell, alone_cell)
+                    cell["one_at_a_time_decode_steps_by_rows"] = alone_cell["decode_steps_by_rows"]
                     if alone_cell is not cell:
                         identical &= alone_cell.pop("tokens") == cell["tokens"]
                     for i, got in enumerate(cell.pop("tokens")):
@@ -167,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                              "speedup_over_one_at_a_time": statistics.median(
                                  run["speedup_over_one_at_a_time"] for run in done),
                              "speedup_over_one_at_a_time_of_every_run": [
-                                 run["speedup_over_one_at_a_time"] for run in done]})
+                                 run["speedup_over_one_at_a_time"] for run in done],
+                             "ceiling_over_one_at_a_time": statistics.median(
+                                 run["ceiling_over_one_at_a_time"] for run in done)})
                 every = ", ".join(f"{run['tokens_per_s']:.0f}" for run in done)
                 print(f"{threads} thr, {concurrency} requests, {name}: {middle['tokens_per_s']:.1f} tok/s "
                       f"(runs {every})", flush=True)
@@ -222,6 +269,24 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | "
                      f"{1000 * r['tpot_p50_s']:.0f} / {1000 * r['tpot_p95_s']:.0f} | "
                      f"{r['mean_accepted_length']:.2f} | {r['load_average_before']:.1f} |")
+
+    table += ["", "Where the median run of plain decoding spends its time (seconds from the first arrival to the last "
+              "finish): admissions (prefill, joining the batch), departures (freeing rows), decoding steps by the "
+              "rows they decode (count x mean ms), and the one-at-a-time run's one-row steps. Ceiling: the x one "
+              "at a time of the run if each of its steps cost a one-row step of the one-at-a-time run, its "
+              "admissions as measured (median over the runs).", "",
+              "| threads | requests | run (ms) | admissions (ms) | departures (ms) | steps by rows | one at a time: "
+              "one-row steps | x one at a time | ceiling |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["configuration"] != "plain":
+            continue
+        steps = ", ".join(f"{rows_}: {c['steps']} x {1000 * c['seconds'] / c['steps']:.2f}"
+                          for rows_, c in r["decode_steps_by_rows"].items())
+        one = r["one_at_a_time_decode_steps_by_rows"].get(1, {"steps": 0, "seconds": 0.0})
+        alone_steps = f"{one['steps']} x {1000 * one['seconds'] / max(one['steps'], 1):.2f}"
+        table.append(f"| {r['threads']} | {r['concurrency']} | {1000 * r['seconds']:.0f} | {1000 * r['admit_s']:.0f} | "
+                     f"{1000 * r['depart_s']:.1f} | {steps} | {alone_steps} | {r['speedup_over_one_at_a_time']:.2f} | "
+                     f"{r['ceiling_over_one_at_a_time']:.2f} |")
 
     def plot(plt: Any) -> Any:
         fig, axes = plt.subplots(1, len(args.threads), figsize=(5 * len(args.threads), 3.6), squeeze=False)
