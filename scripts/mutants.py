@@ -251,6 +251,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        "        if True or all(",
        ("tests/engine/test_lean_cache_rows.py::test_take_rows_keeps_the_kept_rows_entries_in_place",),
        "a departure copies rows one by one in an order that overwrites a row before it is read"),
+    _m("engine-plain-step-absorbs-and-keeps-pending", "spec_fast/engine/commit.py",
+       "            seen = []\n", "            seen = list(seen)\n",
+       ("tests/engine/test_batch_engine.py::test_plain_steps_hand_a_retrieval_drafter_the_committed_tokens_at_once",),
+       "a plain step hands a retrieval drafter its committed tokens and keeps them pending too: the next "
+       "drafted step feeds them again, so the drafter's text holds them twice"),
     _m("native-halves-high-nibbles-misread", "spec_fast/lean/blocks.c",
        "_mm512_srli_epi16(both, 4)", "_mm512_srli_epi16(both, 3)",
        ("tests/engine/test_lean.py::test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_the_others",),

@@ -52,26 +52,71 @@ EVIDENCE_DECAY = 0.9
 
 @dataclass
 class DepthEvidence:
-    """The acceptance counts :func:`choose_depth` reads for a running batch: ``reached[j]`` / ``accepted[j]``
-    (row, step) pairs whose tree reached / accepted depth ``j + 1``, every step's counts shrunk by
-    ``EVIDENCE_DECAY`` at each later step; folded in from the batch's cumulative counters
-    (:class:`~spec_fast.metrics.GenerationMetrics`' ``depth_reached`` / ``depth_accepted``) once per step."""
+    """The acceptance counts :func:`choose_depth` reads for a running batch, kept per row: ``rows_reached[b][j]``
+    / ``rows_accepted[b][j]`` steps of row ``b`` whose tree reached / accepted depth ``j + 1`` (as
+    :meth:`~spec_fast.metrics.GenerationMetrics.record_step` counts them), every count shrunk by
+    ``EVIDENCE_DECAY`` at each later step. The batch's counts (:attr:`reached`, :attr:`accepted`) are their
+    sums over the rows, so they describe the requests that are in the batch: a request's evidence leaves with
+    it and a joining request brings none."""
 
-    reached: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
-    total_reached: list[int] = field(default_factory=list)
-    total_accepted: list[int] = field(default_factory=list)
+    rows_reached: list[list[float]] = field(default_factory=list)
+    rows_accepted: list[list[float]] = field(default_factory=list)
 
-    def update(self, total_reached: Sequence[int], total_accepted: Sequence[int]) -> None:
-        """One step later: shrink the counts, then add what the cumulative counters gained since the last call."""
-        for counts, seen, totals in ((self.reached, self.total_reached, total_reached),
-                                     (self.accepted, self.total_accepted, total_accepted)):
-            while len(counts) < len(totals):
-                counts.append(0.0)
-                seen.append(0)
-            for j, total in enumerate(totals):
-                counts[j] = counts[j] * EVIDENCE_DECAY + (total - seen[j])
-                seen[j] = total
+    @property
+    def reached(self) -> list[float]:
+        return _column_sums(self.rows_reached)
+
+    @property
+    def accepted(self) -> list[float]:
+        return _column_sums(self.rows_accepted)
+
+    def fade(self) -> None:
+        """One step later: every count shrinks by ``EVIDENCE_DECAY``."""
+        for counts in (*self.rows_reached, *self.rows_accepted):
+            for j, value in enumerate(counts):
+                counts[j] = value * EVIDENCE_DECAY
+
+    def record(self, row: int, depth: int, accepted: int) -> None:
+        """Row ``row``'s drafted step: a tree of depth ``depth``, ``accepted`` of its levels accepted."""
+        reached, hits = self._row(row, depth)
+        for d in range(depth):
+            reached[d] += 1
+            if d < accepted:
+                hits[d] += 1
+
+    def take_rows(self, rows: Sequence[int]) -> None:
+        """Keep the counts of rows ``rows`` (in that order), as the batch keeps its rows."""
+        self._row(max(rows, default=-1), 0)
+        self.rows_reached = [self.rows_reached[b] for b in rows]
+        self.rows_accepted = [self.rows_accepted[b] for b in rows]
+
+    def join(self, other: DepthEvidence, own_rows: int, joining_rows: int) -> None:
+        """Rows ``own_rows ..`` are ``other``'s ``joining_rows`` rows (a batch they joined)."""
+        self._row(own_rows - 1, 0)
+        other._row(joining_rows - 1, 0)
+        self.rows_reached = self.rows_reached[:own_rows] + other.rows_reached[:joining_rows]
+        self.rows_accepted = self.rows_accepted[:own_rows] + other.rows_accepted[:joining_rows]
+
+    def _row(self, row: int, depth: int) -> tuple[list[float], list[float]]:
+        """Row ``row``'s counts, holding at least ``depth`` depths (rows and depths added as zeros)."""
+        while len(self.rows_reached) <= row:
+            self.rows_reached.append([])
+            self.rows_accepted.append([])
+        if row < 0:
+            return [], []
+        reached, hits = self.rows_reached[row], self.rows_accepted[row]
+        while len(reached) < depth:
+            reached.append(0.0)
+            hits.append(0.0)
+        return reached, hits
+
+
+def _column_sums(rows: list[list[float]]) -> list[float]:
+    sums = [0.0] * max((len(r) for r in rows), default=0)
+    for counts in rows:
+        for j, value in enumerate(counts):
+            sums[j] += value
+    return sums
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,7 @@ class DecodeState:
         """Keep only ``rows`` (in that order); their cache rows stay, every other row's are freed."""
         index = torch.tensor(rows, dtype=torch.long, device=self.draft_keys.device)
         self.target_cache.take_rows(rows)
+        self.depth_evidence.take_rows(rows)
         for head in self.heads:
             head.state = head.drafter.take_rows(head.state, rows)
             head.pending = [head.pending[b] for b in rows]
@@ -124,6 +125,7 @@ class DecodeState:
         if len(other.heads) != len(self.heads) or self.wants_hidden != other.wants_hidden:
             raise ValueError("join needs a state of the same decoder")
         self.proposal = self.proposal.join(other.proposal)  # first: a proposer may refuse (ValueError)
+        self.depth_evidence.join(other.depth_evidence, self.batch_size, other.batch_size)
         self.target_cache.append_rows(other.target_cache)
         for head, joining in zip(self.heads, other.heads):
             head.state = head.drafter.join_rows(head.state, joining.state)

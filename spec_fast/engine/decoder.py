@@ -281,9 +281,9 @@ class SpeculativeDecoder:
 
     def step(self, st: DecodeState) -> list[list[int]]:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""
-        if st.step_cost is not None and self.strategy.drafts:  # once a step: the counts fade by steps
-            st.depth_evidence.update(st.metrics.depth_reached, st.metrics.depth_accepted)
         caps = self.depth_caps(st)
+        if st.step_cost is not None and self.strategy.drafts:  # once a step, after the choice: this step's
+            st.depth_evidence.fade()  # counts (recorded at its commit) enter the next choice in full
         hint = match_hint(st.heads, st.active, self.dual is not None) if st.controller is not None else 0
         speculate = st.controller.speculate(hint) if st.controller is not None else True
         if not speculate or not self.strategy.drafts:
@@ -408,6 +408,7 @@ class SpeculativeDecoder:
             emitted_rows.append(nacc[b] + 1)
             st.step_accepted[b] = nacc[b]
             st.step_drafted[b] = sum(1 for t in tokens[b][1:] if t >= 0)
+            st.depth_evidence.record(b, depths[b], nacc[b])
             if dual is not None:
                 # route: the head whose tree was verified; merge: the head that supplied the accepted path
                 supplier = choice[b] if dual.choice is not None else head_of[b][path[-1]]

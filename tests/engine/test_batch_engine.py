@@ -284,21 +284,70 @@ def test_a_depth_the_policy_stopped_drafting_is_tried_again_as_its_evidence_fade
 
     cost = PassCost({(1, 1): 1.0, (1, 2): 1.165})
     evidence = DepthEvidence()
-    evidence.update([14], [3])  # 3 of 14 early drafts accepted: below what depth 1 needs here
+    for step in range(14):  # 3 of 14 early drafts accepted: below what depth 1 needs here
+        evidence.record(0, 1, 1 if step < 3 else 0)
     assert (evidence.reached, evidence.accepted) == ([14.0], [3.0])
     assert choose_depth(cost, 1, 1, evidence.reached, evidence.accepted) == 0
     plain_steps = 0
     while choose_depth(cost, 1, 1, evidence.reached, evidence.accepted) == 0:
-        evidence.update([14], [3])  # a plain step: nothing reached, so the counters do not move
+        evidence.fade()  # a plain step: nothing reached
+        evidence.record(0, 0, 0)
         plain_steps += 1
         assert plain_steps < 20
     assert 1 <= plain_steps <= 8
     assert evidence.reached[0] == pytest.approx(14 * EVIDENCE_DECAY ** plain_steps)
     # new drafts count in full, the old ones faded
-    evidence.update([16], [5])
-    assert evidence.reached[0] == pytest.approx(14 * EVIDENCE_DECAY ** (plain_steps + 1) + 2)
+    evidence.fade()
+    evidence.record(0, 1, 1)
+    assert evidence.reached[0] == pytest.approx(14 * EVIDENCE_DECAY ** (plain_steps + 1) + 1)
+    assert evidence.accepted[0] == pytest.approx(3 * EVIDENCE_DECAY ** (plain_steps + 1) + 1)
     # without fading, the estimate that stopped drafting would never move: plain to the end
     assert all(choose_depth(cost, 1, 1, [14], [3]) == 0 for _ in range(50))
+
+
+def test_the_evidence_is_kept_per_row_and_leaves_with_its_request() -> None:
+    from spec_fast.engine.batch_depth import DepthEvidence
+
+    evidence = DepthEvidence()
+    evidence.record(0, 2, 2)  # row 0: both levels accepted
+    evidence.record(1, 2, 0)  # row 1: neither
+    evidence.record(1, 1, 1)  # row 1 again: one level, accepted
+    assert (evidence.reached, evidence.accepted) == ([3.0, 2.0], [2.0, 1.0])
+    evidence.take_rows([1])  # row 0 leaves, and what it taught goes with it
+    assert (evidence.reached, evidence.accepted) == ([2.0, 1.0], [1.0, 0.0])
+    joining = DepthEvidence()
+    joining.record(2, 1, 1)  # the third row of the joining batch
+    evidence.join(joining, own_rows=1, joining_rows=3)
+    assert len(evidence.rows_reached) == 4
+    assert (evidence.reached, evidence.accepted) == ([3.0, 1.0], [2.0, 0.0])
+    evidence.take_rows([3, 0])
+    assert evidence.rows_reached == [[1.0], [2.0, 1.0]]
+
+
+def test_plain_steps_hand_a_retrieval_drafter_the_committed_tokens_at_once() -> None:
+    # a drafter that needs no pass over committed tokens records a plain step's tokens at its commit (as the
+    # prefill records a prompt), so the next drafted step feeds it the root alone, and drafts what a
+    # decoder whose prompt was the whole text drafts
+    from spec_fast.engine.batch_depth import forcing
+
+    decoder = SpeculativeDecoder(LEAN, RetrievalDrafter(None, 48), parse_strategy("chain:1"))
+    prompts = [[3, 4, 5, 3, 4, 5, 3, 4], [7, 8, 9, 7, 8]]
+    st = decoder.begin(prompts, [20] * 2, [SamplingParams()] * 2, [0, 1], set())
+    st.step_cost = forcing(0, 1)
+    for _ in range(5):
+        decoder.step(st)
+    head = st.heads[0]
+    for b in range(2):
+        assert head.pending[b] == [st.committed[b][-1]]
+        assert head.state.committed[b] == st.committed[b][:-1]
+    st.step_cost, st.trees = forcing(1, 1), []
+    decoder.step(st)
+    assert head.pending_width == 1
+    texts = [prompt + outputs[:5] for prompt, outputs in zip(prompts, st.outputs)]  # before the drafted step
+    fresh = decoder.begin(texts, [20] * 2, [SamplingParams()] * 2, [0, 1], set())
+    fresh.step_cost, fresh.trees = forcing(1, 1), []
+    decoder.step(fresh)
+    assert torch.equal(st.trees[-1].tokens, fresh.trees[-1].tokens)
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
