@@ -34,7 +34,7 @@ from spec_fast.decoding import SamplingParams
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = ["DepthEvidence", "PassCost", "measure_pass_cost", "measure_step_cost", "choose_depth", "DRAFT_MARGIN",
-           "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS"]
+           "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS", "BLOCK_STEPS"]
 
 #: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
 PRIOR_ACCEPTANCE = 0.5
@@ -181,9 +181,13 @@ def forcing(depth: int, max_depth: int) -> PassCost:
 
 #: untimed rounds of steps at every depth before :func:`measure_step_cost` times any. Timed depth by depth,
 #: depth 0 first on a fresh state, the table put a chain:1 step at 1.05-1.2x a plain one at 1 row where
-#: 10-step blocks of real decoding measured 1.33x, and the policy drafted where that did not pay; taking
-#: turns after these rounds it read 1.26-1.31x (scratch runs, 1 thread)
+#: 10-step blocks of real decoding measured 1.33x, and the policy drafted where that did not pay
 WARM_STEPS = 2
+#: steps a depth runs in a row in each round of :func:`measure_step_cost`, the first of them untimed (decoding
+#: at a settled depth pays no change of depth). Taking turns step by step, the table read 1.19-1.26x for a
+#: chain:1 step at 1 row; in runs of 3 it reads 1.28-1.30x (scratch, 1 thread), nearer the 1.35x of decoding
+#: one request at a fixed depth against plain decoding (bench/results/batch.md as committed at b56996f)
+BLOCK_STEPS = 3
 
 
 def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2, 4, 8), context: int = 64,
@@ -191,8 +195,10 @@ def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2,
     """Seconds of one whole step of ``decoder`` (a :class:`~spec_fast.engine.decoder.SpeculativeDecoder`:
     drafting, the target pass, verification and the commit) over ``rows`` greedy rows behind ``context``
     prompt tokens, at each draft depth ``0 .. max_depth``, keyed ``(rows, depth + 1)``; each point is the
-    median of ``repeats`` steps. The depths take turns step by step (after ``WARM_STEPS`` untimed rounds), so
-    that a slow phase of the machine, or the state's growth, weighs on every depth alike. The pass table
+    median of the timed steps of ``repeats`` rounds. In a round every depth runs ``BLOCK_STEPS`` steps in a
+    row, the first untimed (it pays for the change of depth, which decoding at a settled depth does not),
+    in increasing order of depth and decreasing in the next round; ``WARM_STEPS`` untimed rounds come first.
+    So a slow phase of the machine, or the state's growth, weighs on every depth alike. The pass table
     alone leaves out what drafting and verification add to a step, so a policy reading it drafts where that
     does not pay. Each prompt is a random
     run of tokens said twice, so that a drafter that copies from the context (retrieval) finds continuations
@@ -212,14 +218,16 @@ def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2,
             state.controller = None
             times: dict[int, list[float]] = {depth: [] for depth in range(max_depth + 1)}
             for repeat in range(repeats + WARM_STEPS):
-                for depth in range(max_depth + 1):
+                depths = range(max_depth + 1) if repeat % 2 == 0 else range(max_depth, -1, -1)
+                for depth in depths:
                     state.step_cost = forcing(depth, max_depth)
-                    start = time.perf_counter()
-                    decoder.step(state)
-                    if decoder.device.type == "cuda":
-                        torch.cuda.synchronize(decoder.device)
-                    if repeat >= WARM_STEPS:
-                        times[depth].append(time.perf_counter() - start)
+                    for block_step in range(BLOCK_STEPS):
+                        start = time.perf_counter()
+                        decoder.step(state)
+                        if decoder.device.type == "cuda":
+                            torch.cuda.synchronize(decoder.device)
+                        if repeat >= WARM_STEPS and block_step > 0:
+                            times[depth].append(time.perf_counter() - start)
             for depth, timed in times.items():
                 seconds[(batch, depth + 1)] = statistics.median(timed)
     return PassCost(seconds)

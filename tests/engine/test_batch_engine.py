@@ -372,7 +372,7 @@ def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch
 @pytest.mark.parametrize("strategy", ["chain:3", "topk:2,2,4", "dynatree"])
 def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controller_alone(
         strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spec_fast.engine.batch_depth import WARM_STEPS, choose_depth, forcing, measure_step_cost
+    from spec_fast.engine.batch_depth import BLOCK_STEPS, WARM_STEPS, choose_depth, forcing, measure_step_cost
 
     decoder = decoder_for(strategy + "+adaptive")
     depth = decoder.strategy.depth
@@ -398,9 +398,11 @@ def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controlle
     assert [len(p) for p in begun] == [1, 3] and all(p[:3] == p[3:] for prompts in begun for p in prompts)
     assert set(cost.seconds) == {(r, d + 1) for r in (1, 3) for d in range(depth + 1)}
     assert all(seconds > 0 for seconds in cost.seconds.values())
-    # the depths take turns step by step: WARM_STEPS untimed rounds, then 2 timed ones, for each row count
-    assert WARM_STEPS == 2
-    assert caps == [d for _ in (1, 3) for _ in range(WARM_STEPS + 2) for d in range(depth + 1)]
+    # the depths take turns in runs of BLOCK_STEPS steps, in increasing then decreasing order: WARM_STEPS
+    # untimed rounds, then 2 timed ones, for each row count
+    assert WARM_STEPS == 2 and BLOCK_STEPS >= 2
+    orders = [list(range(depth + 1)), list(range(depth, -1, -1))]
+    assert caps == [d for _ in (1, 3) for r in range(WARM_STEPS + 2) for d in orders[r % 2] for _ in range(BLOCK_STEPS)]
     if before is not None:  # the timing steps ran without the decoder's +adaptive controller
         assert decoder.controller.__dict__ == before
     assert decoder.step_cost() is decoder.step_cost()  # measured once per thread count
