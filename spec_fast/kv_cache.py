@@ -249,14 +249,12 @@ class TreeKVCache:
         in_place = getattr(self.cache, "take_rows", None)  # the lean cache moves rows inside its buffers
         if in_place is not None:
             in_place(rows, new_size)
-            self._resize(new_size)
-            return
-        layers: list[Any] = list(self.cache.layers)
-        for layer in layers:
-            if layer.keys is None or layer.keys.numel() == 0:
-                continue
-            layer.keys = layer.keys.index_select(0, index)[:, :, :new_size].contiguous()
-            layer.values = layer.values.index_select(0, index)[:, :, :new_size].contiguous()
+        else:
+            for layer in list(self.cache.layers):
+                if layer.keys is None or layer.keys.numel() == 0:
+                    continue
+                layer.keys = layer.keys.index_select(0, index)[:, :, :new_size].contiguous()
+                layer.values = layer.values.index_select(0, index)[:, :, :new_size].contiguous()
         self._resize(new_size)
 
     def append_rows(self, other: TreeKVCache) -> None:
@@ -268,16 +266,21 @@ class TreeKVCache:
         in_place = getattr(self.cache, "append_rows", None)  # the lean cache copies the rows into spare ones
         if in_place is not None and type(other.cache) is type(self.cache):
             in_place(other.cache, self.batch_size, other.batch_size, new_size)
-            self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
-            self.passes += other.passes
-            self._resize(new_size)
-            return
+        else:
+            self._append_layers(other, new_size)
+        self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
+        self.passes += other.passes
+        self._resize(new_size)
+
+    def _append_layers(self, other: TreeKVCache, new_size: int) -> None:
+        """append_rows's entries for any cache layout: every layer's rows concatenated, each zero-padded to
+        ``new_size`` slots."""
         mine: list[Any] = list(self.cache.layers)
         theirs: list[Any] = list(other.cache.layers)
         if len(mine) != len(theirs):
             raise ValueError(f"append_rows needs caches of the same model: {len(mine)} vs {len(theirs)} layers")
+        own_rows, joining_rows = self.batch_size, other.batch_size
         for layer, joining in zip(mine, theirs):
-            own_rows, joining_rows = self.batch_size, other.batch_size
             like = layer.keys if layer.keys is not None and layer.keys.numel() > 0 else joining.keys
             if like is None or like.numel() == 0:
                 continue
@@ -286,9 +289,6 @@ class TreeKVCache:
                        _padded(joining.values, joining_rows, like, new_size)]
             layer.keys = torch.cat(parts_k, dim=0)
             layer.values = torch.cat(parts_v, dim=0)
-        self.lengths = torch.cat([self.lengths, other.lengths.to(self.device)])
-        self.passes += other.passes
-        self._resize(new_size)
 
     def reserve_rows(self, rows: int) -> None:
         """Room for ``rows`` rows where the cache's layout has it (the lean cache), so that rows appended

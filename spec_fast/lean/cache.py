@@ -133,15 +133,15 @@ class LeanLayerCache:
         rows = own_rows + joining_rows
         own_length = self.key_length if self._keys is not None else 0
         their_length = other.key_length if other._keys is not None else 0
-        compatible = (self._key_rows is not None and other._keys is None) or (
-            self._key_rows is not None and other._keys is not None and other._keys.dtype == self._key_rows.dtype
-            and other._keys.shape[1] == self._key_rows.shape[1] and other._keys.shape[3] == self._key_rows.shape[3])
+        # the allocation can take the joining rows as they are (no allocation without buffers: _key_rows is None
+        # exactly while _keys is)
+        compatible = self._key_rows is not None and (other._keys is None or (
+            other._keys.dtype == self._key_rows.dtype and other._keys.shape[1] == self._key_rows.shape[1]
+            and other._keys.shape[3] == self._key_rows.shape[3]))
         if not compatible or rows > self.row_capacity or length > self.capacity:
             capacity = max(INITIAL_SLOTS, self.capacity)
             while capacity < length:
                 capacity *= 2
-            if self._keys is None:
-                self._key_rows = self._value_rows = None
             # twice the rows it had: while requests keep joining one by one, every other join fits
             self.row_hint = max(self.row_hint, rows, 2 * own_rows)
             self._allocate(like, own_rows, capacity)
