@@ -120,11 +120,12 @@ def test_the_native_layer_reads_block_quantised_weights() -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
-def _logits_of_chain_nodes(model: Any, blocks: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+def _logits_of_chain_nodes(model: Any, blocks: list[tuple[list[int], list[int]]],
+                           context: list[int] | None = None) -> list[torch.Tensor]:
     """Prefill a context, then run each ``(tokens, parents)`` block as one pass behind it (nothing committed)
     -> every block's logits ``[Q, V]``."""
     state = TreeKVCache(model, 1, torch.device("cpu"))
-    context = [3, 9, 4, 1, 7, 2, 2, 6]
+    context = context or [3, 9, 4, 1, 7, 2, 2, 6]
     out = []
     with torch.no_grad():
         state.forward(torch.tensor([context]), torch.arange(-1, len(context) - 1).unsqueeze(0))
@@ -135,14 +136,14 @@ def _logits_of_chain_nodes(model: Any, blocks: list[tuple[list[int], list[int]]]
     return out
 
 
-def _token_logits_depend_on_the_pass(model: Any) -> bool:
+def _token_logits_depend_on_the_pass(model: Any, context: list[int] | None = None) -> bool:
     """Whether the chain 11 -> 12 -> 13 gets different logits as one pass, inside a wider tree (siblings 20,
     21 beside it), or in shorter passes (11 alone, 11 -> 12)."""
     chain, tree, first, second = _logits_of_chain_nodes(model, [
         ([11, 12, 13], [-1, 0, 1]),
         ([11, 20, 12, 21, 13], [-1, 0, 0, 2, 2]),
         ([11], [-1]), ([11, 12], [-1, 0]),
-    ])
+    ], context)
     shorter = torch.stack([first[0], second[1]])
     return not (torch.equal(chain, tree[[0, 2, 4]]) and torch.equal(chain[:2], shorter))
 
@@ -156,6 +157,28 @@ def test_a_token_gets_the_same_logits_whatever_shares_its_pass(shape: str) -> No
     with native.disabled():
         control = LeanLlama.from_hf(tiny_llama(seed=7))
     assert _token_logits_depend_on_the_pass(control)
+
+
+@pytest.mark.parametrize("shape", ["llama-64x3", "llama-128x4", "llama-32x2"])
+def test_past_16_slots_a_token_gets_the_same_logits_whatever_shares_its_pass(shape: str) -> None:
+    """The AVX-512 attention scores 16 cache slots at a time (64- and 128-wide heads; 32-wide heads score slot
+    by slot): behind a 45-token context the chain's nodes sit at slots 45-49, across a boundary of those
+    blocks, and the wider tree moves them to other slots of other blocks. Their logits stay the same, and
+    close to the float64 attention of the Python layer."""
+    hidden, heads, kv_heads = HEAD_SHAPES[shape]
+    hf = tiny_llama(seed=7, hidden=hidden, heads=heads, kv_heads=kv_heads)
+    context = [int(t) for t in torch.randint(0, 64, (45,), generator=torch.Generator().manual_seed(3))]
+    model = LeanLlama.from_hf(hf)
+    assert not _token_logits_depend_on_the_pass(model, context)
+    python = LeanLlama.from_hf(hf)
+    python.use_native_layers(False)
+    blocks = [([11, 20, 12, 21, 13], [-1, 0, 0, 2, 2])]
+    got = _logits_of_chain_nodes(model, blocks, context)[0]
+    expected = _logits_of_chain_nodes(python, blocks, context)[0]
+    # float32 rounding grows with the width of the products' sums and with the number of attended slots (the
+    # tests behind an 8-token context allow 1e-5 per 32 inputs)
+    width = hidden / 32 * len(context) / 8
+    torch.testing.assert_close(got, expected.float(), rtol=1e-5 * width, atol=1e-5 * width)
 
 
 def test_the_cache_grows_inside_a_pass_and_padding_rows_stay_finite(monkeypatch: Any) -> None:
