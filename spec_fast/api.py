@@ -255,7 +255,8 @@ def _load_drafter(name: str, source: ModelSource | None, loaded: _Loaded, settin
     if loaded.hf_model is None:  # the target came from the model cache without transformers
         loaded.hf_model, _ = load_model(loaded.key[0].path, dtype=settings.dtype, device=settings.device, threads=None,
                                         gguf_file=loaded.key[0].gguf_file, notify=notify)
-    return load_drafter(name, loaded.hf_model)  # trained drafts are built from HF modules
+    # trained drafts are built from HF modules; their subset LM head reads the running target's blocks
+    return load_drafter(name, loaded.hf_model, target_lm_head=loaded.model.get_output_embeddings())
 
 
 def complete(

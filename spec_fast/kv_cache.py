@@ -85,7 +85,9 @@ class TreeKVCache:
             tokens: ``[B, Q]`` long token ids (padding entries may hold any id >= 0).
             parents: ``[B, Q]`` long block index of each entry's parent (``-1``: directly below the
                 context; padding entries use ``-1`` too and are never attended by real entries).
-            output_hidden_states: forwarded to the model.
+            output_hidden_states: forwarded to the model; the engine reads the last entry of the output's
+                ``hidden_states`` (the final normed states), and a model that declares
+                ``returns_final_hidden_state`` (the lean forward) is asked for that entry alone.
             logits_to_keep: ``k > 0`` asks the model for the logits of the last ``k`` entries only (HF's
                 ``logits_to_keep``; a prefill needs none of them, so it saves the LM head on the prompt).
 
@@ -107,6 +109,8 @@ class TreeKVCache:
         extra: dict[str, Any] = {self._cache_keyword: self.cache}
         if logits_to_keep > 0:
             extra["logits_to_keep"] = logits_to_keep
+        if output_hidden_states and getattr(self.model, "returns_final_hidden_state", False):
+            extra["final_hidden_state_only"] = True
         with decode_attention_backends(tokens.device):
             out = self.model(
                 input_ids=tokens.clamp(min=0),

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "DRAFTER_NAMES": "spec_fast.drafts.heads",
     "WEIGHTS_DIR": "spec_fast.drafts.heads",
     "FeatureHead": "spec_fast.drafts.heads",
-    "SubsetHead": "spec_fast.drafts.heads",
+    "SubsetHead": "spec_fast.drafts.subset_head",
     "HeadDrafter": "spec_fast.drafts.heads",
     "distilled_model": "spec_fast.drafts.heads",
     "load_distilled": "spec_fast.drafts.heads",
@@ -60,9 +60,9 @@ __getattr__, __dir__ = lazy_exports("spec_fast.drafts", _EXPORTS, globals())
 if TYPE_CHECKING:
     from spec_fast.drafts.dual import DUAL_MODES, DualDraft, DualDrafter
     from spec_fast.drafts.heads import (DRAFT_NAMES, DRAFTER_NAMES, WEIGHTS_DIR, FeatureHead, HeadDrafter,
-                                        SubsetHead, distilled_model, load_distilled, load_drafter, load_head,
-                                        weights_path)
+                                        distilled_model, load_distilled, load_drafter, load_head, weights_path)
     from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
     from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
+    from spec_fast.drafts.subset_head import SubsetHead
     from spec_fast.drafts.retrieval import (DATASTORE_PATH, HybridDrafter, RetrievalDrafter, SuffixIndex,
                                             load_retrieval_drafter)

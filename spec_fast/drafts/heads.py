@@ -43,6 +43,7 @@ from torch import nn
 
 from spec_fast._hf_compat import cache_keyword
 from spec_fast.drafts.model import Drafter, finish_draft_model, truncated_config
+from spec_fast.drafts.subset_head import SubsetHead
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = [
@@ -67,55 +68,6 @@ def _target_parts(target: Any) -> tuple[nn.Module, nn.Module]:
     if base is None or not hasattr(base, "embed_tokens") or not hasattr(base, "layers"):
         raise ValueError(f"trained drafts need a Llama-style target (model.embed_tokens), got {type(target).__name__}")
     return base.embed_tokens, target.get_output_embeddings()
-
-
-class SubsetHead(nn.Module):
-    """The target's LM head restricted to the vocabulary subset ``vocab_ids [S]`` (frozen, shared).
-
-    ``forward(hidden [..., H]) -> logits [..., V]`` with ``-inf`` outside the subset;
-    :meth:`subset_logits` gives the ``[..., S]`` scores (training). After :meth:`use_native` (the runtime
-    drafts of :func:`load_drafter`) a gradient-free float32 CPU forward multiplies by the native kernel
-    (:func:`spec_fast.lean.native.mm_float32`): torch's matrix-vector product reads this ``[8192, 576]``
-    weight at about a third of the kernel's speed, and a draft pass is mostly this product.
-    """
-
-    def __init__(self, lm_head: nn.Module, vocab_ids: torch.Tensor) -> None:
-        super().__init__()
-        weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]  # [V, H], shared with the target
-        self.weight = weight
-        self.vocab_size = int(weight.shape[0])
-        ids = vocab_ids.to(torch.long)
-        self.vocab_ids: torch.Tensor
-        self.sub_weight: torch.Tensor
-        self.register_buffer("vocab_ids", ids, persistent=False)
-        self.register_buffer("sub_weight", weight.detach().index_select(0, ids).clone(), persistent=False)
-        #: ``sub_weight`` packed for the native kernel (:meth:`use_native`), else None
-        self.packed: torch.Tensor | None = None
-
-    def use_native(self, enabled: bool) -> None:
-        """Multiply by the native float32 kernel where it can (class docstring); a no-op without it."""
-        from spec_fast.lean import native
-
-        usable = enabled and native.available() and self.sub_weight.device.type == "cpu"
-        self.packed = native.pack_float32(self.sub_weight) if usable else None
-
-    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [..., H]`` -> ``[..., S]`` scores of the subset tokens."""
-        return nn.functional.linear(hidden, self.sub_weight.to(hidden.dtype))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [..., H]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
-        if (self.packed is not None and hidden.device.type == "cpu" and hidden.dtype == torch.float32
-                and not (torch.is_grad_enabled() and hidden.requires_grad)):
-            from spec_fast.lean import native
-
-            flat = native.mm_float32(hidden.reshape(-1, hidden.shape[-1]), self.packed, int(self.vocab_ids.shape[0]))
-            sub = flat.reshape(*hidden.shape[:-1], flat.shape[-1])
-        else:
-            sub = self.subset_logits(hidden)
-        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.vocab_ids] = sub
-        return out
 
 
 def _layer_config(target_config: Any, num_layers: int, intermediate: int | None = None) -> Any:
@@ -206,6 +158,8 @@ class FeatureHead(nn.Module):
         self.norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
         self.head = SubsetHead(lm_head, vocab_ids)
         self.staged_features: torch.Tensor | None = None
+        #: the products :meth:`use_native` packed for the native kernel, by name
+        self._packed: dict[str, torch.Tensor] = {}
 
     def init_from_target(self, target: Any) -> None:
         """Initialise the decoder layer (eagle) from the target's last layer and the norm from the target's
@@ -232,7 +186,7 @@ class FeatureHead(nn.Module):
         """``embeds [B, Q, H]``, ``prev_features [B, Q, H]`` -> predicted features ``[B, Q, H]``.
 
         Without ``attention_mask`` the eagle layer attends causally (training on whole sequences)."""
-        x = self.fc(torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))
+        x = self._product("fc", self.fc, torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))
         if self.kind == "eagle":
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
@@ -240,10 +194,41 @@ class FeatureHead(nn.Module):
             cache_arg = {self.layer_cache_keyword: past_key_values}
             x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=past_key_values is not None, position_embeddings=rope, **cache_arg)
+        elif self._packed:
+            normed = self.mlp_norm(x)  # LlamaMLP's forward on the native products
+            mlp = self.mlp
+            gate = self._product("gate", mlp.gate_proj, normed)
+            up = self._product("up", mlp.up_proj, normed)
+            x = x + self._product("down", mlp.down_proj, mlp.act_fn(gate) * up)
         else:
             x = x + self.mlp(self.mlp_norm(x))
         out: torch.Tensor = self.norm(x)
         return out
+
+    def use_native(self, enabled: bool, target_lm_head: nn.Module | None = None) -> None:
+        """Gradient-free float32 CPU forwards multiply by the native kernels: the subset LM head
+        (:meth:`SubsetHead.use_native`) and, for ``rnn``, the input projection and the MLP (torch's products
+        cost about twice as much there at one row); a no-op without the kernels."""
+        from spec_fast.lean import native
+
+        self.head.use_native(enabled, target_lm_head)
+        self._packed = {}
+        if enabled and native.available() and self.fc.weight.device.type == "cpu" and self.kind == "rnn":
+            linears = {"fc": self.fc, "gate": self.mlp.gate_proj, "up": self.mlp.up_proj, "down": self.mlp.down_proj}
+            self._packed = {name: native.pack_float32(layer.weight.detach()) for name, layer in linears.items()}
+
+    def _product(self, name: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """``layer(x)`` (a bias-free linear), by the native kernel where :meth:`use_native` packed it and no
+        gradient is wanted."""
+        packed = self._packed.get(name)
+        if (packed is None or x.dtype != torch.float32 or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))):
+            out: torch.Tensor = layer(x)
+            return out
+        from spec_fast.lean import native
+
+        flat = native.mm_float32(x.reshape(-1, x.shape[-1]), packed, int(layer.weight.shape[0]))
+        return flat.reshape(*x.shape[:-1], flat.shape[-1])
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
@@ -436,12 +421,14 @@ class HeadDrafter(Drafter):
 DRAFTER_NAMES = DRAFT_NAMES + ("heads", "retrieval") + tuple(f"{n}+retrieval" for n in DRAFT_NAMES)
 
 
-def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafter:
+def load_drafter(name: str, target: Any, directory: str | None = None, target_lm_head: nn.Module | None = None
+                 ) -> Drafter:
     """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafts.model.ModelDrafter`), ``eagle`` or
     ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head; ``retrieval``
     (:class:`~spec_fast.drafts.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
     ``<draft>+retrieval`` (:class:`~spec_fast.drafts.retrieval.HybridDrafter`: retrieval where its match is at
-    least 3 tokens long, the draft elsewhere)."""
+    least 3 tokens long, the draft elsewhere). ``target_lm_head``: the running target's LM head where ``target``
+    is an HF copy of it (:meth:`SubsetHead.use_native`)."""
     from spec_fast.drafts.model import ModelDrafter
     from spec_fast.drafts.retrieval import DATASTORE_PATH, HybridDrafter, load_retrieval_drafter
 
@@ -451,15 +438,16 @@ def load_drafter(name: str, target: Any, directory: str | None = None) -> Drafte
         return load_retrieval_drafter(vocab_size, datastore)
     base = name[: -len("+retrieval")]
     if name.endswith("+retrieval") and base in DRAFT_NAMES:
-        return HybridDrafter(load_retrieval_drafter(vocab_size, datastore), load_drafter(base, target, directory))
+        return HybridDrafter(load_retrieval_drafter(vocab_size, datastore),
+                             load_drafter(base, target, directory, target_lm_head))
     if name == "heads":
         name = "eagle"
     if name == "distilled":
         model = load_distilled(target, directory)
-        model.lm_head.use_native(True)
+        model.lm_head.use_native(True, target_lm_head)
         return ModelDrafter(model)
     if name in ("eagle", "rnn"):
         head = load_head(target, name, directory)
-        head.head.use_native(True)
+        head.use_native(True, target_lm_head)
         return HeadDrafter(head)
     raise ValueError(f"draft name must be one of {DRAFTER_NAMES}, got name={name!r}")

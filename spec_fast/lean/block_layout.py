@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "QUADS", "group_bytes", "pack_blocks", "unpack_blocks"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "QUADS", "group_bytes", "pack_blocks", "select_outputs", "unpack_blocks"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
@@ -69,6 +69,34 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
         biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1, 4)
         parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes]
     return torch.cat([p.reshape(blocks, groups, -1) for p in parts], dim=2).contiguous()
+
+
+def select_outputs(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The Q8_0 layout of :func:`pack_blocks` holding only the outputs ``rows [S]`` (long, in that order): the
+    same bytes :func:`pack_blocks` writes for those rows of the weight, moved without unpacking (a draft's LM
+    head over a vocabulary subset reads the target's own blocks). Q8_0 only: Q4_1 shares each byte between
+    two outputs."""
+    if packed.dtype != torch.uint8 or packed.dim() != 3 or int(packed.shape[2]) != group_bytes("q8_0"):
+        raise ValueError(f"packed must be a Q8_0 layout uint8 [NB, G, {group_bytes('q8_0')}], got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+    blocks, groups = int(packed.shape[0]), int(packed.shape[1])
+    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= blocks * BLOCK):
+        raise ValueError(f"rows must lie in [0, {blocks * BLOCK}), got min {int(rows.min())}, max {int(rows.max())}")
+    value_bytes = GROUP * BLOCK
+    # per output: its [G, 8 quads, 4 inputs] value bytes and [G, 2] float16 scale bytes
+    values = packed[:, :, :value_bytes].reshape(blocks, groups, QUADS, BLOCK, 4).permute(0, 3, 1, 2, 4)
+    scales = packed[:, :, value_bytes:].reshape(blocks, groups, BLOCK, 2).permute(0, 2, 1, 3)
+    chosen, padded = int(rows.numel()), -(-int(rows.numel()) // BLOCK) * BLOCK
+    # padding outputs as pack_blocks writes them: value 0 (stored 128), scale 0
+    picked_values = torch.full((padded, groups, QUADS, 4), 128, dtype=torch.uint8)
+    picked_scales = torch.zeros(padded, groups, 2, dtype=torch.uint8)
+    picked_values[:chosen] = values.reshape(blocks * BLOCK, groups, QUADS, 4).index_select(0, rows)
+    picked_scales[:chosen] = scales.reshape(blocks * BLOCK, groups, 2).index_select(0, rows)
+    out_blocks = padded // BLOCK
+    parts = [picked_values.view(out_blocks, BLOCK, groups, QUADS, 4).permute(0, 2, 3, 1, 4),
+             picked_scales.view(out_blocks, BLOCK, groups, 2).permute(0, 2, 1, 3)]
+    return torch.cat([p.reshape(out_blocks, groups, -1) for p in parts], dim=2).contiguous()
 
 
 def group_bytes(kind: str) -> int:

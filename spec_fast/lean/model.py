@@ -1,11 +1,10 @@
 """LeanLlama: a small Llama-family forward (Llama, SmolLM2, Qwen2-style q/k/v biases) built from HF weights.
 
 It replaces HF's model at the engine's model-call level: ``model(input_ids=, attention_mask=, position_ids=,
-past_key_values=, output_hidden_states=, logits_to_keep=)`` returns an object with ``.logits [B, Q, V]``
-and ``.hidden_states`` (HF's convention: the embeddings, then every layer's output, the last one after the
-final norm), and :class:`~spec_fast.kv_cache.TreeKVCache` asks it for its cache
-(:meth:`LeanLlama.make_tree_cache`, a :class:`~spec_fast.lean.cache.LeanKVCache`). Positions are explicit
-and the attention mask is the engine's (additive ``[B, 1, Q, K]`` or boolean; ``None`` = causal).
+past_key_values=, output_hidden_states=, logits_to_keep=)`` returns ``.logits [B, Q, V]`` and ``.hidden_states``
+(HF's: the embeddings, every layer's output, the last after the final norm; that last alone with
+``final_hidden_state_only``); :class:`~spec_fast.kv_cache.TreeKVCache` asks it for its cache (a
+:class:`~spec_fast.lean.cache.LeanKVCache`). Positions are explicit and the attention mask is the engine's.
 
 One decoder layer: RMSNorm -> one fused q/k/v product -> RoPE (the HF model's own inverse frequencies and
 attention scaling, tabulated once) -> grouped-query attention over the cache without repeating keys ->
@@ -290,6 +289,8 @@ class LeanLlama(nn.Module):
     as in HF).
     """
 
+    returns_final_hidden_state = True  # forward takes final_hidden_state_only (TreeKVCache asks for it)
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
@@ -428,6 +429,7 @@ class LeanLlama(nn.Module):
         use_cache: bool = True,
         output_hidden_states: bool = False,
         logits_to_keep: int = 0,
+        final_hidden_state_only: bool = False,
         **unused: Any,
     ) -> LeanOutput:
         """``input_ids [B, Q]`` behind the ``K - Q`` entries of ``past_key_values`` -> :class:`LeanOutput`.
@@ -438,6 +440,7 @@ class LeanLlama(nn.Module):
             position_ids: ``[B, Q]`` long; default ``past length + arange(Q)``.
             past_key_values: a :class:`LeanKVCache` (appended to in place); default a fresh one.
             logits_to_keep: ``k > 0`` computes the logits of the last ``k`` entries only.
+            final_hidden_state_only: ``hidden_states`` = the final normed states alone, in one native call.
         """
         if past_key_values is None:
             past_key_values = self.make_tree_cache(int(input_ids.shape[0]))
@@ -455,8 +458,9 @@ class LeanLlama(nn.Module):
         mask = None if mask is None else mask.to(wide).expand(batch, 1, num_query, int(mask.shape[-1])).contiguous()
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
-        hidden: list[torch.Tensor] = [x] if output_hidden_states else []
-        stack = None if output_hidden_states else _native_stack(layers, past_key_values, x, mask)
+        every_layer = output_hidden_states and not final_hidden_state_only
+        hidden: list[torch.Tensor] = [x] if every_layer else []
+        stack = None if every_layer else _native_stack(layers, past_key_values, x, mask)
         if stack is not None:
             # every layer in one native call each, the shared arguments checked once (the same arithmetic as
             # the loop below, without its per-layer Python); the layers write into a copy of x
@@ -467,11 +471,11 @@ class LeanLlama(nn.Module):
         else:
             for layer, layer_cache in zip(layers, past_key_values.layers):
                 x = layer(x, cos, sin, mask, layer_cache)
-                if output_hidden_states:
+                if every_layer:
                     hidden.append(x)
         x = self.model.norm(x)
         if output_hidden_states:
-            hidden[-1] = x
+            hidden[-1:] = [x]  # HF's last entry: the final normed states
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)

@@ -35,12 +35,13 @@ from contextlib import contextmanager
 
 import torch
 
-from spec_fast.lean.block_layout import BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, unpack_blocks
+from spec_fast.lean.block_layout import (BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, select_outputs,
+                                         unpack_blocks)
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
            "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
-           "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer", "unavailable_reason",
-           "unpack_blocks", "unpack_float32", "using"]
+           "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer", "select_outputs",
+           "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
 _VERSION = 9
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)

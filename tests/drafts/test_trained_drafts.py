@@ -69,6 +69,39 @@ def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target:
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("name", ["rnn", "eagle", "distilled"])
+def test_a_trained_drafts_subset_head_multiplies_by_the_running_targets_q8_0_blocks(smollm2_target: Any,
+                                                                                   name: str) -> None:
+    """Built from the HF model, a draft's subset LM head reads the lean target's own Q8_0 blocks (the same
+    weights, checked) with activations rounded as the target's head rounds them; its logits stay within
+    that rounding of the float32 product. A head of other weights keeps the float32 kernel."""
+    from spec_fast.api import load_decoder
+    from spec_fast.lean import native
+    from spec_fast.settings import resolve_settings
+
+    if not native.available():
+        pytest.skip("the native kernels are not available here")
+    target, _ = smollm2_target
+    lean = load_decoder(resolve_settings(strategy="ar", quantize="gguf"))[0].target  # the CLI's default target
+    drafter = load_drafter(name, target, target_lm_head=lean.get_output_embeddings())
+    head = drafter.model.lm_head if isinstance(drafter, ModelDrafter) else drafter.head.head
+    assert head.packed_kind == "q8_0"
+    hidden = torch.randn(3, int(head.sub_weight.shape[1]), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        blocks = head(hidden)[:, head.vocab_ids]
+        exact = head.subset_logits(hidden)
+    assert not torch.equal(blocks, exact)  # the activations were rounded to int8
+    torch.testing.assert_close(blocks, exact, rtol=0.0, atol=0.02 * float(exact.abs().max()))
+    if isinstance(drafter, HeadDrafter) and drafter.kind == "rnn":
+        features = drafter.head.features(hidden[:, None], hidden[:, None] * 0.5)
+        drafter.head.use_native(False)  # torch's products
+        torch.testing.assert_close(drafter.head.features(hidden[:, None], hidden[:, None] * 0.5), features,
+                                   rtol=1e-4, atol=1e-4)
+    other = load_drafter(name, target)  # its own LM head: HF float32, no blocks to read
+    assert (other.model.lm_head if isinstance(other, ModelDrafter) else other.head.head).packed_kind == "float32"
+
+
+@pytest.mark.model
 def test_committed_datastore_holds_the_targets_replies_to_training_prompts_only(smollm2_target: Any) -> None:
     from spec_fast.models import chat_prompt_ids
     from spec_fast.drafts.retrieval import ASSISTANT_HEADER_TOKENS, load_datastore

@@ -314,6 +314,23 @@ def test_block_quantised_products_use_the_stored_weights_and_each_row_ignores_th
     assert fallback.packed is None and torch.equal(fallback.weight, weight)
 
 
+def test_selected_outputs_of_a_q8_0_layout_are_the_bytes_pack_blocks_writes_for_those_rows() -> None:
+    generator = torch.Generator().manual_seed(5)
+    for out_features in (130, 64, 3):
+        values = torch.randint(-128, 128, (out_features, 96), dtype=torch.int8, generator=generator)
+        scales = (torch.rand(out_features, 3, generator=generator) * 0.01).half().float()
+        packed = native.pack_blocks("q8_0", values, scales, None)
+        for rows in (torch.tensor([out_features - 1, 0]), torch.arange(out_features),
+                     torch.randperm(out_features, generator=generator)[:70]):
+            expected = native.pack_blocks("q8_0", values[rows], scales[rows], None)
+            assert torch.equal(native.select_outputs(packed, rows), expected)
+    with pytest.raises(ValueError, match="rows must lie in"):
+        native.select_outputs(packed, torch.tensor([64]))  # past the padded block
+    with pytest.raises(ValueError, match="Q8_0 layout"):
+        native.select_outputs(native.pack_blocks("q4_1", torch.zeros(64, 32, dtype=torch.uint8),
+                                                 torch.ones(64, 1), torch.zeros(64, 1)), torch.tensor([0]))
+
+
 @pytest.mark.parametrize("kind", sorted(native.BLOCK_KINDS))
 def test_block_layout_takes_the_bytes_of_gguf_blocks_and_refuses_scales_it_would_round(kind: str) -> None:
     # GGUF: Q4_1 is 20 bytes per 32 weights (float16 d and m, 16 bytes of nibbles), Q8_0 34 (float16 d, 32 bytes)

@@ -79,6 +79,30 @@ def test_the_whole_stack_in_one_call_computes_bit_for_bit_what_layer_by_layer_co
         assert fast == slow if isinstance(fast, int) else torch.equal(fast, slow)
 
 
+def test_the_final_hidden_state_alone_comes_from_the_whole_stack_in_one_call(monkeypatch: Any) -> None:
+    """A draft that reads the target's features asks for the final hidden states only (TreeKVCache does, for
+    a model that declares it): the layers still run in one call, and the states and logits are bit for bit
+    those of the layer-by-layer path that returns every layer's output."""
+    model = LeanLlama.from_hf(tiny_llama())
+    assert model.returns_final_hidden_state
+    stacks: list[int] = []
+    _count_layer_calls(monkeypatch, stacks)
+    tokens = torch.tensor([[3, 9, 4, 1, 7], [5, 2, 8, 6, 1]])
+    parents = torch.arange(-1, 4).expand(2, 5)
+    outs = []
+    for final_only in (True, False):
+        cache = TreeKVCache(model, 2, torch.device("cpu"))
+        if final_only:
+            outs.append(cache.forward(tokens, parents, output_hidden_states=True))
+        else:  # HF's convention: the embeddings and every layer's output
+            outs.append(model(tokens, output_hidden_states=True))
+    layers = len(model.model.layers)
+    assert stacks == [layers] + [1] * layers
+    fast, slow = outs
+    assert len(fast.hidden_states) == 1 and len(slow.hidden_states) == layers + 1
+    assert torch.equal(fast.hidden_states[-1], slow.hidden_states[-1]) and torch.equal(fast.logits, slow.logits)
+
+
 def test_the_native_layer_runs_and_computes_what_the_python_layer_computes(hf_model: Any, monkeypatch: Any) -> None:
     fused = LeanLlama.from_hf(hf_model)
     python = LeanLlama.from_hf(hf_model)
