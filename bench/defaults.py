@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     workloads = {workload: prompts[: args.prompts] for workload, prompts in TUNING.items()}
     if sampled:  # the long workload's time is its prefill, the same for every configuration
         del workloads["long"]
-    drafter = load_drafter(args.draft, model)
+    # trained drafts are built from the HF model (as the CLI builds them), their LM head on the target's blocks
+    drafter = (load_drafter(args.draft, model) if args.draft == "retrieval"
+               else load_drafter(args.draft, load_model()[0], target_lm_head=model.get_output_embeddings()))
     strategies = {name: parse_strategy(name) for name in configurations}
     SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
 
