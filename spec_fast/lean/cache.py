@@ -139,12 +139,9 @@ class LeanLayerCache:
             other._keys.dtype == self._key_rows.dtype and other._keys.shape[1] == self._key_rows.shape[1]
             and other._keys.shape[3] == self._key_rows.shape[3]))
         if not compatible or rows > self.row_capacity or length > self.capacity:
-            capacity = max(INITIAL_SLOTS, self.capacity)
-            while capacity < length:
-                capacity *= 2
             # twice the rows it had: while requests keep joining one by one, every other join fits
             self.row_hint = max(self.row_hint, rows, 2 * own_rows)
-            self._allocate(like, own_rows, capacity)
+            self._allocate(like, own_rows, self._capacity_for(length))
         assert self._key_rows is not None and self._value_rows is not None
         key_rows, value_rows = self._key_rows, self._value_rows
         if own_rows > 0 and own_length < length:
@@ -199,10 +196,15 @@ class LeanLayerCache:
         self.key_length = self.value_length = end
 
     def _grow(self, like: torch.Tensor, needed: int) -> None:
+        self._allocate(like, int(like.shape[0]), self._capacity_for(needed))
+
+    def _capacity_for(self, needed: int) -> int:
+        """Slots of a new allocation holding ``needed``: the capacity doubled from the current one (at least
+        ``INITIAL_SLOTS``) until it does."""
         capacity = max(INITIAL_SLOTS, self.capacity)
         while capacity < needed:
             capacity *= 2
-        self._allocate(like, int(like.shape[0]), capacity)
+        return capacity
 
 
 def uninitialised(like: torch.Tensor, *shape: int) -> torch.Tensor:
