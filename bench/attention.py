@@ -18,7 +18,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench._common import write_results  # noqa: E402
 from bench._git import git_commit  # noqa: E402
-from bench.kernel_blocks import ROOT, SOURCES, build  # noqa: E402
+from bench.kernel_blocks import ROOT, SOURCES, build, sources_at  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
@@ -62,10 +61,9 @@ def main() -> int:
     torch.set_num_threads(1)
     current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
     try:
-        baseline = {n: subprocess.run(["git", "show", f"{args.baseline}:spec_fast/lean/{n}"], cwd=ROOT, check=True,
-                                      capture_output=True, text=True).stdout for n in SOURCES}
-    except subprocess.CalledProcessError as err:
-        print(f"error: --baseline {args.baseline!r}: {err.stderr.strip()}", file=sys.stderr)
+        baseline = sources_at(args.baseline)
+    except ValueError as err:
+        print(f"error: --baseline {args.baseline!r}: {err}", file=sys.stderr)
         return 2
     results: list[dict[str, Any]] = []
     loads = []

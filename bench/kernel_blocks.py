@@ -50,6 +50,15 @@ def build(sources: dict[str, str], folder: str) -> Any:
         native._SOURCES = saved
 
 
+def sources_at(revision: str) -> dict[str, str]:
+    """The kernels' C sources at a git revision (a ``ValueError`` with git's message when it has none)."""
+    try:
+        return {n: subprocess.run(["git", "show", f"{revision}:spec_fast/lean/{n}"], cwd=ROOT, check=True,
+                                  capture_output=True, text=True).stdout for n in SOURCES}
+    except subprocess.CalledProcessError as err:
+        raise ValueError(err.stderr.strip()) from None
+
+
 def weight(kind: str, out_features: int, in_features: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(out_features + in_features)
     groups = in_features // 32
@@ -72,11 +81,9 @@ def main() -> int:
     current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
     amx_off = args.baseline == "amx-off"
     try:
-        baseline = current if amx_off else {
-            n: subprocess.run(["git", "show", f"{args.baseline}:spec_fast/lean/{n}"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout for n in SOURCES}
-    except subprocess.CalledProcessError as err:
-        print(f"error: --baseline {args.baseline!r}: {err.stderr.strip()}", file=sys.stderr)
+        baseline = current if amx_off else sources_at(args.baseline)
+    except ValueError as err:
+        print(f"error: --baseline {args.baseline!r}: {err}", file=sys.stderr)
         return 2
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

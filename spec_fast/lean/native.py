@@ -154,13 +154,15 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return _open(path)
 
 
-def build(folder: str, march: str = "native") -> ctypes.CDLL:
+def build(folder: str, march: str = "native", defines: Sequence[str] = ()) -> ctypes.CDLL:
     """Compile the kernels for ``-march=<march>`` into ``folder`` and load them, outside the cache (the
-    tests compile the portable code path this way: ``march="x86-64-v2"`` has neither AVX-512 nor VNNI)."""
+    tests compile the portable code path this way: ``march="x86-64-v2"`` has neither AVX-512 nor VNNI);
+    ``defines``: ``NAME=VALUE`` macros (``-D``) that pick another of the kernels' code paths."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found")
     flags = tuple(f"-march={march}" if flag == "-march=native" else flag for flag in _FLAGS)
+    flags += tuple(f"-D{define}" for define in defines)
     path = os.path.join(folder, f"libspec_fast_kernels_{march}.so")
     error = _build(compiler, folder, path, flags)
     if error is not None:

@@ -209,6 +209,27 @@ def test_the_portable_build_computes_what_the_native_build_computes(portable: An
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
+def test_one_or_two_sweeps_over_a_block_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # 3 and more rows sweep a Q4_1 block twice, half of its outputs at a time, except on AMD Zen, where one sweep
+    # is faster (blocks.c, HALVES_FROM): both paths are built here whatever this machine picks, and every row
+    # count must give the very bits of the other path (and of the row alone)
+    require_native()
+    one = native.build(str(tmp_path_factory.mktemp("one-sweep")), defines=("HALVES_FROM=99",))
+    two = native.build(str(tmp_path_factory.mktemp("two-sweeps")), defines=("HALVES_FROM=3",))
+    torch.manual_seed(6)
+    x = torch.randn(9, 576)
+    for kind in ("q8_0", "q4_1"):
+        layer = _blocks(kind, 200, 576)  # the last block of outputs is partly filled
+        for rows in range(1, 10):
+            with native.using(one):
+                swept_once = layer(x[:rows])
+            with native.using(two):
+                swept_twice = layer(x[:rows])
+                alone = layer(x[rows - 1:rows])
+            assert torch.equal(swept_once, swept_twice), (kind, rows)
+            assert torch.equal(swept_twice[-1:], alone), (kind, rows)
+
+
 def test_both_builds_quantise_awkward_activations_alike(portable: Any) -> None:
     # the native build quantises activations 16 lanes at a time, the portable one value by value: ties must
     # round half to even in both, NaN must be ignored by the group maximum and become 0, inf and zeros alike
