@@ -42,7 +42,7 @@
 /* row counts from which the VNNI path sweeps a block twice, half of its outputs at a time (block_rows_halves).
  * Not on AMD Zen (the compilers' znver tuning macros): it runs a 512-bit instruction as two 256-bit halves, so
  * the second sweep's repeated unpacking of the Q4_1 nibbles cost more there than the register spills it saves:
- * a whole SmolLM2 pass over 3 tokens took about 11.4 ms with the two sweeps and 8.9 ms without them on a Zen 4
+ * a whole SmolLM2 pass over 3 tokens took 11.3 ms with the two sweeps and 8.6 ms without them on a Zen 4
  * core (bench/results/pass_width.md), while on the Intel core it was tuned on the sweeps were the faster. */
 #ifndef HALVES_FROM
 #if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
