@@ -30,7 +30,8 @@ from spec_fast.settings import (
     resolve_settings,
     unescape,
 )
-from spec_fast.strategies import DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY
+from spec_fast.strategies import (DEFAULT_RETRIEVAL_STRATEGY, DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY,
+                                  DEFAULT_UNTRAINED_STRATEGY)
 
 if TYPE_CHECKING:
     from spec_fast.api import Completion
@@ -94,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"NDE selector; needs a model draft) | topk:DEPTH,K,BUDGET | "
                           f"dynatree[:D0,DMAX,BUDGET][,key=value...] (DynaTree keys: tau_high, tau_low, prune, "
                           f"window, ...; spec_fast.strategies), optionally +adaptive (plain steps while drafting does not "
-                          f"pay); default {DEFAULT_STRATEGY} with a named draft ({DEFAULT_SAMPLED_STRATEGY} when "
+                          f"pay); default {DEFAULT_RETRIEVAL_STRATEGY} with --draft retrieval (the chain follows the "
+                          f"retrieval match while it is long), {DEFAULT_STRATEGY} with another named draft "
+                          f"({DEFAULT_SAMPLED_STRATEGY} when "
                           f"sampling), {DEFAULT_UNTRAINED_STRATEGY} "
                           f"with any other, ar with --draft none (bench/results/defaults.md)")
     gen.add_argument("--verifier", default=None,

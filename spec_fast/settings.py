@@ -18,7 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spec_fast.strategies import (DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY, DEFAULT_UNTRAINED_STRATEGY, Strategy,
+from spec_fast.strategies import (DEFAULT_RETRIEVAL_STRATEGY, DEFAULT_SAMPLED_STRATEGY, DEFAULT_STRATEGY,
+                                  DEFAULT_UNTRAINED_STRATEGY, Strategy,
                                   parse_strategy)
 
 __all__ = [
@@ -262,7 +263,8 @@ def resolve_settings(
 
     ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
-    (greedy) or ``DEFAULT_SAMPLED_STRATEGY`` (temperature > 0) with a named draft and
+    (greedy; ``DEFAULT_RETRIEVAL_STRATEGY`` with the retrieval draft alone) or ``DEFAULT_SAMPLED_STRATEGY``
+    (temperature > 0) with a named draft and
     ``DEFAULT_UNTRAINED_STRATEGY`` with any other. ``threads`` None leaves torch's
     own thread count. ``quantize`` ``auto``: ``gguf`` for the default model with ``dtype`` float32 on the
     CPU without ``lean``, else ``none`` (:data:`QUANTIZE_CHOICES`). Two drafts ``"A,B"`` need ``dual``
@@ -328,7 +330,8 @@ def resolve_settings(
     draft_models = tuple(_draft_source(name) for name in names)
     named = all(name in NAMED_DRAFTS for name in names)
 
-    named_default = DEFAULT_SAMPLED_STRATEGY if temperature > 0 else DEFAULT_STRATEGY
+    named_default = (DEFAULT_SAMPLED_STRATEGY if temperature > 0 else
+                     DEFAULT_RETRIEVAL_STRATEGY if draft_name == "retrieval" else DEFAULT_STRATEGY)
     default_strategy = "ar" if draft_name == "none" else (named_default if named else DEFAULT_UNTRAINED_STRATEGY)
     try:
         parsed = parse_strategy(strategy if strategy is not None else default_strategy, verifier)

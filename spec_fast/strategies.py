@@ -77,8 +77,8 @@ from typing import TYPE_CHECKING, Any, Union
 if TYPE_CHECKING:  # imported where used: parsing a strategy must not pull in spec_ref's SciPy solvers
     from spec_ref.dynatree import DynaTreeParams
 
-__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_SAMPLED_STRATEGY",
-           "DEFAULT_UNTRAINED_STRATEGY"]
+__all__ = ["Strategy", "parse_strategy", "SAMPLING_VERIFIERS", "DEFAULT_STRATEGY", "DEFAULT_RETRIEVAL_STRATEGY",
+           "DEFAULT_SAMPLED_STRATEGY", "DEFAULT_UNTRAINED_STRATEGY"]
 
 #: Verifiers that each shape accepts at temperature > 0.
 SAMPLING_VERIFIERS: dict[str, tuple[str, ...]] = {
@@ -124,6 +124,15 @@ _DEFAULT_VERIFIER = {
 #: ~15 ms pass), so every extra drafted token widens the loss; ``+adaptive`` did not recover it within a
 #: 48-token reply (0.89x).
 DEFAULT_STRATEGY = "chain:1"
+#: The CLI default with the retrieval draft alone, greedy: a chain of up to 10 tokens that goes past its first
+#: token only while the retrieval match behind each next one is at least
+#: :data:`spec_fast.drafts.retrieval.DEEP_MATCH` tokens long (a long match is a copied span, accepted about 9
+#: times in 10). Its first token rides on a pass over 2 tokens, which costs 1.03x a one-token pass
+#: (bench/results/pass_width.md); the deeper ones are drafted only where they are likely to be kept. On the
+#: tuning prompts at e24df94 (scratch, 1 thread): input-grounded 1.66x plain end to end against 1.31-1.35x for
+#: ``chain:1``; chat alike (1.20x against 1.13-1.19x). Sampled, deep chains gained nothing there
+#: (input-grounded 1.02x against 1.03x), so sampling keeps :data:`DEFAULT_SAMPLED_STRATEGY`.
+DEFAULT_RETRIEVAL_STRATEGY = "chain:10"
 #: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
 #: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py),
 #: on the default target at 932bf7d: ``chain:1`` at 0.88x / 0.97x plain decoding there (``chain:1+adaptive``,

@@ -28,7 +28,9 @@ def draft_chain(
     One inverse-CDF draw per row and level from the row's stream (the draws :func:`draft_iid_tree` with
     K = 1 makes; a one-hot law, the greedy chain's, gives its argmax, which :func:`argmax_law` takes without
     a draw); the shape is known in advance, so the tree is assembled from device tensors. Cut rows to
-    shorter depths with :func:`cap_rows`.
+    shorter depths with :func:`cap_rows`. A drafter whose :meth:`~Drafter.chain_depths` answers stops the
+    chain where no row would draft the next level (the tree is then that much shallower) and cuts each row
+    to its own depth.
     """
     batch = len(pending)
     logits, width = pending_forward(drafter, state, pending, device)
@@ -51,6 +53,10 @@ def draft_chain(
         parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=device)
         logits = drafter.forward(state, token.unsqueeze(1), parent)
         entries.append(base)
+        depths = drafter.chain_depths(state, entries)
+        if depths is not None and max(depths, default=0) < level + 2:
+            break  # no row drafts the next level: the chain ends here
+    depth = len(tokens)
     drafted = torch.stack(tokens, dim=1)  # [B, D]
     pad = torch.full((batch, 1), -1, dtype=torch.long, device=device)
     steps = torch.arange(depth + 1, device=device).unsqueeze(0).expand(batch, depth + 1)
@@ -70,10 +76,13 @@ def draft_chain(
         draft_probs = torch.cat([law, torch.zeros_like(qs[0]).unsqueeze(1)], dim=1).float()
         taken = torch.gather(law, 2, drafted.unsqueeze(2)).squeeze(2).float()  # q(x_d) [B, D]
         confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(taken, dim=1)], dim=1)
-    entry_row = torch.tensor(entries + [-1], dtype=torch.long, device=device)
+    # the last level's tokens were forwarded only where the chain ended early (to ask for the next level)
+    entry_row = torch.tensor(entries + [-1] * (depth + 1 - len(entries)), dtype=torch.long, device=device)
     tokens_in = torch.cat([torch.tensor(list(roots), dtype=torch.long, device=device).unsqueeze(1), drafted], dim=1)
-    return DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),
-                      tokens_in, width, depth, chain=True)
+    draft = DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),
+                       tokens_in, width, depth, chain=True)
+    depths = drafter.chain_depths(state, entries[:depth])
+    return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
 
 
 class ChainProposer(SingleHeadProposer):

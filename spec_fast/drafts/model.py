@@ -17,6 +17,7 @@ draft heads advance from the verifier's accepted hidden states (seed 000 (docs/p
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -65,6 +66,14 @@ class Drafter:
                        counts: torch.Tensor | None = None) -> None:
         """Hook for trained heads: ``target_hidden [B, N, H]`` (final hidden states of one target pass) and
         the committed entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``) in order."""
+        return None
+
+    def chain_depths(self, state: Any, law_entries: Sequence[int]) -> list[int] | None:
+        """How deep each row would draft a chain whose level-k token is drawn from the law of block entry
+        ``law_entries[k - 1]`` (what :meth:`forward` returned for that entry): row b drafts levels
+        ``1 .. depths[b]``. A drafter that knows how far its draft is worth following (a retrieval match
+        that ends) stops there; the decision reads the drafter's side only, before the next level's draw,
+        so verification stays exact. None (the default): every level."""
         return None
 
     #: width of the final hidden states :meth:`forward_hidden` returns; 0 = this drafter exposes none (the

@@ -33,7 +33,7 @@ import torch
 
 from spec_fast.drafts.model import Drafter
 
-__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "HybridDrafter", "DATASTORE_PATH",
+__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "HybridDrafter", "DATASTORE_PATH", "DEEP_MATCH",
            "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
            "ASSISTANT_HEADER_TOKENS"]
 
@@ -195,15 +195,22 @@ class RetrievalState:
 class RetrievalDrafter(Drafter):
     """Drafts from suffix matches in the row's own text and in a :class:`SuffixIndex` (module docstring).
 
-    ``index`` may be None (prompt lookup only; the empty match is then the uniform law).
+    ``index`` may be None (prompt lookup only; the empty match is then the uniform law). ``deep_match``: a
+    chain goes past its first level only while the law of each next level comes from a match of at least
+    this many tokens (:meth:`chain_depths`); None: every level of the strategy's depth.
     """
 
-    def __init__(self, index: SuffixIndex | None, vocab_size: int, max_match: int = 16) -> None:
+    def __init__(self, index: SuffixIndex | None, vocab_size: int, max_match: int = 16,
+                 deep_match: int | None = None) -> None:
         if index is not None and index.vocab_size != vocab_size:
             raise ValueError(f"index vocab_size {index.vocab_size} differs from vocab_size={vocab_size}")
+        if deep_match is not None and (isinstance(deep_match, bool) or not isinstance(deep_match, int)
+                                       or deep_match < 1):
+            raise ValueError(f"deep_match must be a positive integer or None, got deep_match={deep_match!r}")
         self.index = index
         self.vocab_size = vocab_size
         self.max_match = max_match
+        self.deep_match = deep_match
 
     def begin(self, batch_size: int, device: torch.device) -> RetrievalState:
         return RetrievalState(committed=[[] for _ in range(batch_size)], block_tokens=[[] for _ in range(batch_size)],
@@ -266,6 +273,19 @@ class RetrievalDrafter(Drafter):
     def num_block(self, state: Any) -> int:
         return len(state.block_tokens[0]) if state.block_tokens else 0
 
+    def chain_depths(self, state: Any, law_entries: Sequence[int]) -> list[int] | None:
+        """Row b's chain: the first level, then each next one while its law's match (the entry's match
+        length, a function of the row's text and its draft so far) is at least :attr:`deep_match` tokens."""
+        if self.deep_match is None:
+            return None
+        depths = []
+        for lengths in state.match_lengths:
+            depth = 1
+            while depth < len(law_entries) and lengths[law_entries[depth]] >= self.deep_match:
+                depth += 1
+            depths.append(depth)
+        return depths
+
     def take_rows(self, state: Any, rows: list[int]) -> Any:
         return RetrievalState([state.committed[b] for b in rows], [state.block_tokens[b] for b in rows],
                               [state.block_parents[b] for b in rows], [state.match_lengths[b] for b in rows],
@@ -296,10 +316,17 @@ class RetrievalDrafter(Drafter):
         return int(max(m_own, m_data))
 
 
-def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16) -> RetrievalDrafter:
+#: The ``deep_match`` of the retrieval draft loaded by name: a chain goes deeper only behind matches of at
+#: least 6 tokens, chosen on the tuning prompts among 3-8 (spec_fast.strategies.DEFAULT_RETRIEVAL_STRATEGY).
+#: Shorter matches are accepted about half as often on chat, and every drafted token widens the target pass.
+DEEP_MATCH = 6
+
+
+def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16,
+                           deep_match: int | None = DEEP_MATCH) -> RetrievalDrafter:
     """A :class:`RetrievalDrafter` over the committed datastore (or ``path``)."""
     sequences, _ = load_datastore(path)
-    return RetrievalDrafter(SuffixIndex(sequences, vocab_size, max_match), vocab_size, max_match)
+    return RetrievalDrafter(SuffixIndex(sequences, vocab_size, max_match), vocab_size, max_match, deep_match)
 
 
 @dataclass

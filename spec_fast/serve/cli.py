@@ -20,6 +20,7 @@ from typing import Any
 
 from spec_fast.serve.ray_cli import add_ray_flags, check_ray_flags, serve_ray
 from spec_fast.settings import GenerateSettings, SettingError, resolve_settings
+from spec_fast.strategies import DEFAULT_STRATEGY
 
 __all__ = ["add_serve_parser", "serve", "SHARED_FLAGS", "DEFAULT_MODEL_NAME"]
 
@@ -88,7 +89,13 @@ def _check_flags(args: argparse.Namespace) -> GenerateSettings:
         raise SettingError("shutdown_timeout", f"must be a number of seconds >= 0, got {args.shutdown_timeout}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise SettingError("served_model_name", "must not be empty")
-    return resolve_settings(model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=args.strategy,
+    strategy = args.strategy
+    if strategy is None and (args.draft == "retrieval" or (args.draft is None and args.model is None)):
+        # the single-request default (a chain of up to 10 tokens) would make the cost policy time every one of
+        # its depths at start-up (about a minute); a batch rarely pays for deep drafts, so the server drafts
+        # the chain the policy was tuned with (docs/serving.md)
+        strategy = DEFAULT_STRATEGY
+    return resolve_settings(model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=strategy,
                             verifier=args.verifier, dtype=args.dtype, device=args.device, threads=args.threads,
                             dual=args.dual, quantize=args.quantize, lean=args.lean,
                             kv_cache_dtype=args.kv_cache_dtype)

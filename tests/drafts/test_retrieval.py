@@ -164,11 +164,12 @@ def index(target: Any) -> SuffixIndex:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("kind", ["retrieval", "prompt-lookup", "hybrid"])
+@pytest.mark.parametrize("kind", ["retrieval", "prompt-lookup", "hybrid", "retrieval-deep"])
 def test_greedy_output_is_exactly_autoregressive(
     target: Any, reference: list[list[int]], index: SuffixIndex, strategy: str, kind: str
 ) -> None:
-    retrieval = RetrievalDrafter(None if kind == "prompt-lookup" else index, 64, 8)
+    retrieval = RetrievalDrafter(None if kind == "prompt-lookup" else index, 64, 8,
+                                 deep_match=3 if kind == "retrieval-deep" else None)
     drafter: Any = HybridDrafter(retrieval, HeadDrafter(_head(target, "rnn")), 2) if kind == "hybrid" else retrieval
     decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
     result = decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
@@ -210,3 +211,34 @@ def test_an_own_text_match_as_long_as_the_datastore_match_wins() -> None:
     longer = RetrievalDrafter(SuffixIndex([[4, 3, 1, 2]], VOCAB, 4), VOCAB, 4)
     m, ids, _ = longer.sparse_law([0, 3, 1, 4, 3, 1])
     assert (m, ids.tolist()) == (3, [2])
+
+
+def test_a_chain_goes_deeper_only_behind_long_matches() -> None:
+    """Row b's chain: level 1, then level k + 1 while the law it is drawn from (entry law_entries[k]) has a match
+    of at least deep_match tokens; without deep_match, every level."""
+    state = RetrievalDrafter(None, VOCAB).begin(3, torch.device("cpu"))
+    state.match_lengths = [[5, 2, 4, 3], [1, 4, 3, 2], [0, 3, 3, 3]]
+    deep = RetrievalDrafter(None, VOCAB, deep_match=3)
+    assert deep.chain_depths(state, [0, 1, 2, 3]) == [1, 3, 4]
+    assert deep.chain_depths(state, [0, 1]) == [1, 2, 2]  # as far as the laws drawn so far reach
+    assert deep.chain_depths(state, [3, 2]) == [2, 2, 2]  # entries, not positions, name the laws
+    assert RetrievalDrafter(None, VOCAB).chain_depths(state, [0, 1, 2, 3]) is None
+    with pytest.raises(ValueError, match="deep_match"):
+        RetrievalDrafter(None, VOCAB, deep_match=0)
+
+
+def test_a_deep_match_chain_ends_where_the_match_ends_and_keeps_the_drafters_text(
+    target: Any, reference: list[list[int]], index: SuffixIndex
+) -> None:
+    drafter = RetrievalDrafter(index, 64, 8, deep_match=3)
+    result = SpeculativeDecoder(target, drafter, parse_strategy("chain:6")).generate(
+        PROMPTS, max_new_tokens=NEW_TOKENS, record_trees=True)
+    assert result.tokens == reference
+    depths = [int(d) for tree in result.trees for d in tree.depths.masked_fill(~tree.valid, 0).max(dim=1).values]
+    assert 1 in depths and max(depths) > 1  # rows stop after one level behind short matches, go on behind long
+    assert min(tree.num_slots for tree in result.trees) < 7  # a step where every row stopped: a narrower pass
+    head = result.state.heads[0]
+    for b, prompt in enumerate(PROMPTS):
+        # the drafter's committed text and the tokens it has yet to see are the row's text, whichever entries
+        # the chains forwarded
+        assert head.state.committed[b] + list(head.pending[b]) == prompt + result.tokens[b]

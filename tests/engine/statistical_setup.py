@@ -52,6 +52,9 @@ DRAFTER = EarlyExitDrafter(TARGET, 1)
 #: a retrieval draft: sparse laws with exact zeros and point masses, far from the target
 RETRIEVAL = RetrievalDrafter(SuffixIndex([[1, 2, 3, 0, 0, 1], [3, 0, 2], [2, 3, 1, 1, 0], [0, 0, 0]], VOCAB, 4),
                              VOCAB, 4)
+#: the same draft when its chain goes past the first level only behind matches of 2 tokens or more: each row's
+#: depth then depends on its text and its own draws (RetrievalDrafter.chain_depths)
+RETRIEVAL_DEEP = RetrievalDrafter(RETRIEVAL.index, VOCAB, 4, deep_match=2)
 
 #: the total variation docs/testing.md section 4.4 asks every engine configuration to detect with power POWER
 TARGET_TV = 0.02
@@ -60,7 +63,7 @@ TARGET_TV = 0.02
 @dataclass(frozen=True)
 class EngineConfig:
     """One engine configuration: strategy spec, verifier (None for dual drafts: NSS), drafter kind
-    (``early-exit`` | ``retrieval`` | ``dual-merge`` | ``dual-route`` | ``dual-route-calibrated``), its negative control
+    (``early-exit`` | ``retrieval`` | ``retrieval-deep`` | ``dual-merge`` | ``dual-route`` | ``dual-route-calibrated``), its negative control
     (``wrong-q`` | ``parent-row`` | ``best-of-two``) and its row tier (``full`` | ``tree`` | ``small``)."""
 
     strategy: str
@@ -95,6 +98,7 @@ SINGLE_CONFIGS = [
     _c("dynatree:1,2,6", "nss", control="parent-row"),
     _c("chain:2", "naive", "retrieval", tier="small"),
     _c("chain:2", "traversal", "retrieval", tier="small"),
+    _c("chain:3", "naive", "retrieval-deep", tier="small"),
     _c("iid:2x2", "specinfer", "retrieval", tier="small"),
     _c("topk:2,2,4", "nss", "retrieval", control="best-of-two", tier="small"),
 ]
@@ -155,6 +159,8 @@ def drafter_for(kind: str) -> Any:
         return DRAFTER
     if kind == "retrieval":
         return RETRIEVAL
+    if kind == "retrieval-deep":
+        return RETRIEVAL_DEEP
     return DualDrafter(DRAFTER, RETRIEVAL, kind.removeprefix("dual-"))
 
 
