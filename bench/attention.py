@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench._common import write_results  # noqa: E402
 from bench._git import git_commit  # noqa: E402
-from bench.kernel_blocks import ROOT, SOURCES, build, sources_at  # noqa: E402
+from bench.kernel_blocks import ROOT, both_sources, build  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
@@ -59,12 +59,10 @@ def main() -> int:
         print(f"error: --context must exceed {SHORT}, got {args.context}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
-    try:
-        baseline = sources_at(args.baseline)
-    except ValueError as err:
-        print(f"error: --baseline {args.baseline!r}: {err}", file=sys.stderr)
+    sources = both_sources(args.baseline)
+    if sources is None:
         return 2
+    current, baseline = sources
     results: list[dict[str, Any]] = []
     loads = []
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

@@ -59,6 +59,16 @@ def sources_at(revision: str) -> dict[str, str]:
         raise ValueError(err.stderr.strip()) from None
 
 
+def both_sources(revision: str) -> tuple[dict[str, str], dict[str, str]] | None:
+    """(the working tree's kernel sources, those at ``revision``), or None after printing why git has none."""
+    try:
+        baseline = sources_at(revision)
+    except ValueError as err:
+        print(f"error: --baseline {revision!r}: {err}", file=sys.stderr)
+        return None
+    return {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}, baseline
+
+
 def weight(kind: str, out_features: int, in_features: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(out_features + in_features)
     groups = in_features // 32

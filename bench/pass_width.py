@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench._common import write_results  # noqa: E402
 from bench._git import git_commit  # noqa: E402
 from bench.attention import prefilled  # noqa: E402
-from bench.kernel_blocks import ROOT, SOURCES, build, sources_at  # noqa: E402
+from bench.kernel_blocks import ROOT, both_sources, build  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
@@ -61,12 +61,10 @@ def main() -> int:
         print(f"error: --widths must be positive integers, got {args.widths!r}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
-    try:
-        baseline = sources_at(args.baseline)
-    except ValueError as err:
-        print(f"error: --baseline {args.baseline!r}: {err}", file=sys.stderr)
+    sources = both_sources(args.baseline)
+    if sources is None:
         return 2
+    current, baseline = sources
     target = load_decoder(resolve_settings(strategy="ar"))[0].target
     vocab = int(target.get_output_embeddings().weight.shape[0])
     generator = torch.Generator().manual_seed(0)

@@ -124,15 +124,16 @@ _DEFAULT_VERIFIER = {
 #: ~15 ms pass), so every extra drafted token widens the loss; ``+adaptive`` did not recover it within a
 #: 48-token reply (0.89x).
 DEFAULT_STRATEGY = "chain:1"
-#: The CLI default with the retrieval draft alone, greedy: a chain of up to 10 tokens that goes past its first
+#: The CLI default with the retrieval draft alone, greedy: a chain of up to 4 tokens that goes past its first
 #: token only while the retrieval match behind each next one is at least
-#: :data:`spec_fast.drafts.retrieval.DEEP_MATCH` tokens long (a long match is a copied span, accepted about 9
-#: times in 10). Its first token rides on a pass over 2 tokens, which costs 1.03x a one-token pass
-#: (bench/results/pass_width.md); the deeper ones are drafted only where they are likely to be kept. On the
-#: tuning prompts at e24df94 (scratch, 1 thread): input-grounded 1.66x plain end to end against 1.31-1.35x for
-#: ``chain:1``; chat alike (1.20x against 1.13-1.19x). Sampled, deep chains gained nothing there
-#: (input-grounded 1.02x against 1.03x), so sampling keeps :data:`DEFAULT_SAMPLED_STRATEGY`.
-DEFAULT_RETRIEVAL_STRATEGY = "chain:10"
+#: :data:`spec_fast.drafts.retrieval.DEEP_MATCH` tokens long (a long match is a copied span, mostly accepted).
+#: Its first token rides on a pass over 2 tokens, which costs about 1.03x a one-token pass on the Zen 4 machine
+#: of bench/results/pass_width.md; the deeper ones are drafted only where they are likely to be kept. The best
+#: worst case of bench/results/defaults.md at 21e4db8 (tests/engine/test_api.py keeps the two equal): chat /
+#: input-grounded / long 1.07x / 1.26x / 1.09x plain decoding, against ``chain:1`` 1.10x / 1.20x / 1.05x and
+#: ``chain:10`` 1.00x / 1.27x / 1.12x. Sampled, deep chains gained nothing (scratch, tuning prompts: input-
+#: grounded 1.02x against 1.03x for ``chain:1``), so sampling keeps :data:`DEFAULT_SAMPLED_STRATEGY`.
+DEFAULT_RETRIEVAL_STRATEGY = "chain:4"
 #: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
 #: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py),
 #: on the default target at 932bf7d: ``chain:1`` at 0.88x / 0.97x plain decoding there (``chain:1+adaptive``,

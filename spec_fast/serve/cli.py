@@ -91,9 +91,9 @@ def _check_flags(args: argparse.Namespace) -> GenerateSettings:
         raise SettingError("served_model_name", "must not be empty")
     strategy = args.strategy
     if strategy is None and (args.draft == "retrieval" or (args.draft is None and args.model is None)):
-        # the single-request default (a chain of up to 10 tokens) would make the cost policy time every one of
-        # its depths at start-up (about a minute); a batch rarely pays for deep drafts, so the server drafts
-        # the chain the policy was tuned with (docs/serving.md)
+        # the single-request default (a chain of up to 4 tokens) would make the cost policy time each of its
+        # depths at start-up (half a minute more; a minute at 10); a batch rarely pays for deep drafts, so the
+        # server drafts the chain the policy was tuned with (docs/serving.md)
         strategy = DEFAULT_STRATEGY
     return resolve_settings(model=args.model, gguf_file=args.gguf_file, draft=args.draft, strategy=strategy,
                             verifier=args.verifier, dtype=args.dtype, device=args.device, threads=args.threads,
