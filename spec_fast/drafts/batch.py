@@ -180,7 +180,7 @@ def pending_forward(drafter: Drafter, state: Any, pending: Sequence[Sequence[int
         off = width - len(p)
         ptoks[b, off:] = torch.tensor(list(p), dtype=torch.long)
         ppar[b, off + 1:] = torch.arange(off, width - 1)
-    return drafter.forward(state, ptoks.to(device), ppar.to(device))[:, -1:], width
+    return drafter.forward_last(state, ptoks.to(device), ppar.to(device)), width
 
 
 def row_depths(depth: int | Sequence[int], batch: int) -> list[int]:

@@ -15,6 +15,7 @@ from spec_fast.drafts.dual import DualDraft
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import SingleHeadProposer, StepRows
 from spec_fast.flat_tree import FlatTree
+from spec_fast.verify.tree import Verified
 
 __all__ = ["ChainProposer", "draft_chain"]
 
@@ -96,3 +97,8 @@ class ChainProposer(SingleHeadProposer):
                          rows.depth_caps)
         rows.heads[0].pending_width = draft.pending_width
         return draft, None
+
+    def after_commit(self, rows: StepRows, dual: DualDraft | None, verified: Verified, accepted: Sequence[int]
+                     ) -> None:
+        head = rows.heads[0]
+        head.drafter.observe_chain(head.state, accepted, rows.depth_caps)

@@ -40,6 +40,11 @@ class Drafter:
         """``tokens [B, Q]``, ``parents [B, Q]`` (block indices, -1 = below the context) -> logits ``[B, Q, V]``."""
         raise NotImplementedError
 
+    def forward_last(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of every entry, returning the last entry's logits only, ``[B, 1, V]`` (a drafter
+        that computes each entry's law on its own may skip the others')."""
+        return self.forward(state, tokens, parents)[:, -1:]
+
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         """Keep block entries ``keep[b, :counts[b]]`` (``keep [B, C]``, ``counts [B]``); see
         :meth:`~spec_fast.kv_cache.TreeKVCache.commit` for ``prefix_of_block``."""
@@ -74,6 +79,12 @@ class Drafter:
         ``1 .. depths[b]``. A drafter that knows how far its draft is worth following (a retrieval match
         that ends) stops there; the decision reads the drafter's side only, before the next level's draw,
         so verification stays exact. None (the default): every level."""
+        return None
+
+    def observe_chain(self, state: Any, accepted: Sequence[int], depths: Sequence[int]) -> None:
+        """After a step whose chains :meth:`chain_depths` shaped: row b's chain was cut to ``depths[b]``
+        levels and its first ``accepted[b]`` draft tokens were accepted (what a drafter may learn its depth
+        rule from; called for every step, plain ones included, before the commit). No-op here."""
         return None
 
     #: width of the final hidden states :meth:`forward_hidden` returns; 0 = this drafter exposes none (the

@@ -15,11 +15,14 @@ from hypothesis import strategies as st
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.drafts.heads import HeadDrafter
 from spec_fast.drafts.retrieval import (
+    PRIOR_ACCEPTANCE,
+    PRIOR_WEIGHT,
     HybridDrafter,
     RetrievalDrafter,
     SuffixIndex,
     context_match,
     load_datastore,
+    match_class,
     save_datastore,
 )
 from spec_fast.strategies import parse_strategy
@@ -164,12 +167,13 @@ def index(target: Any) -> SuffixIndex:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("kind", ["retrieval", "prompt-lookup", "hybrid", "retrieval-deep"])
+@pytest.mark.parametrize("kind", ["retrieval", "prompt-lookup", "hybrid", "retrieval-deep", "retrieval-learned"])
 def test_greedy_output_is_exactly_autoregressive(
     target: Any, reference: list[list[int]], index: SuffixIndex, strategy: str, kind: str
 ) -> None:
     retrieval = RetrievalDrafter(None if kind == "prompt-lookup" else index, 64, 8,
-                                 deep_match=3 if kind == "retrieval-deep" else None)
+                                 deep_match=3 if kind == "retrieval-deep" else None,
+                                 path_acceptance=0.4 if kind == "retrieval-learned" else None)
     drafter: Any = HybridDrafter(retrieval, HeadDrafter(_head(target, "rnn")), 2) if kind == "hybrid" else retrieval
     decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
     result = decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
@@ -225,6 +229,34 @@ def test_a_chain_goes_deeper_only_behind_long_matches() -> None:
     assert RetrievalDrafter(None, VOCAB).chain_depths(state, [0, 1, 2, 3]) is None
     with pytest.raises(ValueError, match="deep_match"):
         RetrievalDrafter(None, VOCAB, deep_match=0)
+    with pytest.raises(ValueError, match="path_acceptance"):
+        RetrievalDrafter(None, VOCAB, path_acceptance=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        RetrievalDrafter(None, VOCAB, deep_match=3, path_acceptance=0.5)
+
+
+def test_a_learned_chain_goes_as_deep_as_its_rows_drafts_have_been_accepted() -> None:
+    """path_acceptance: level k + 1 while the product of the estimated acceptance of levels 1 .. k + 1 (by the
+    class of each law's match) stays at or above the bound; the estimates start at the priors and follow each
+    row's own accepted / reached counts (the first rejected level is reached, later ones are not)."""
+    drafter = RetrievalDrafter(None, VOCAB, path_acceptance=0.5)
+    state = drafter.begin(2, torch.device("cpu"))
+    state.match_lengths = [[12, 12, 12, 12, 4], [12, 2, 12, 12, 12]]
+    assert [match_class(m) for m in (0, 1, 2, 3, 5, 6, 9, 10)] == [0, 1, 1, 2, 2, 3, 3, 4]
+    # priors: class 4 0.85, class 2 0.45, class 1 0.25: 0.85^4 = 0.52 >= 0.5, times 0.45 < 0.5
+    assert drafter.chain_depths(state, [0, 1, 2, 3, 4]) == [4, 1]
+    assert state.chain_matches == [[12, 12, 12, 12], [12]]
+    drafter.observe_chain(state, accepted=[1, 0], depths=[3, 0])  # row 0 cut to 3 levels; row 1 drafted none
+    assert state.chain_matches == [[], []]
+    estimate = drafter.acceptance_estimates(state, 0)
+    assert estimate[4] == pytest.approx((1 + PRIOR_WEIGHT * 0.85) / (2 + PRIOR_WEIGHT))  # 1 of 2 reached
+    assert drafter.acceptance_estimates(state, 1) == pytest.approx(list(PRIOR_ACCEPTANCE))
+    for _ in range(10):  # row 0 keeps rejecting its first level: its chains shrink to one level
+        drafter.chain_depths(state, [0, 1, 2, 3, 4])
+        drafter.observe_chain(state, accepted=[0, 0], depths=[4, 4])
+    assert drafter.chain_depths(state, [0, 1, 2, 3, 4]) == [1, 1]
+    kept = drafter.take_rows(state, [1])
+    assert kept.acceptance == [state.acceptance[1]] and len(kept.chain_matches) == 1
 
 
 def test_a_deep_match_chain_ends_where_the_match_ends_and_keeps_the_drafters_text(

@@ -55,6 +55,9 @@ RETRIEVAL = RetrievalDrafter(SuffixIndex([[1, 2, 3, 0, 0, 1], [3, 0, 2], [2, 3, 
 #: the same draft when its chain goes past the first level only behind matches of 2 tokens or more: each row's
 #: depth then depends on its text and its own draws (RetrievalDrafter.chain_depths)
 RETRIEVAL_DEEP = RetrievalDrafter(RETRIEVAL.index, VOCAB, 4, deep_match=2)
+#: the same draft when a chain's depth follows the acceptance the row's earlier chains met: the second token's
+#: step drafts a tree shaped by the first step's verification
+RETRIEVAL_LEARNED = RetrievalDrafter(RETRIEVAL.index, VOCAB, 4, path_acceptance=0.3)
 
 #: the total variation docs/testing.md section 4.4 asks every engine configuration to detect with power POWER
 TARGET_TV = 0.02
@@ -63,7 +66,7 @@ TARGET_TV = 0.02
 @dataclass(frozen=True)
 class EngineConfig:
     """One engine configuration: strategy spec, verifier (None for dual drafts: NSS), drafter kind
-    (``early-exit`` | ``retrieval`` | ``retrieval-deep`` | ``dual-merge`` | ``dual-route`` | ``dual-route-calibrated``), its negative control
+    (``early-exit`` | ``retrieval`` | ``retrieval-deep`` | ``retrieval-learned`` | ``dual-merge`` | ``dual-route`` | ``dual-route-calibrated``), its negative control
     (``wrong-q`` | ``parent-row`` | ``best-of-two``) and its row tier (``full`` | ``tree`` | ``small``)."""
 
     strategy: str
@@ -99,6 +102,7 @@ SINGLE_CONFIGS = [
     _c("chain:2", "naive", "retrieval", tier="small"),
     _c("chain:2", "traversal", "retrieval", tier="small"),
     _c("chain:3", "naive", "retrieval-deep", tier="small"),
+    _c("chain:3", "naive", "retrieval-learned", tier="small"),
     _c("iid:2x2", "specinfer", "retrieval", tier="small"),
     _c("topk:2,2,4", "nss", "retrieval", control="best-of-two", tier="small"),
 ]
@@ -161,6 +165,8 @@ def drafter_for(kind: str) -> Any:
         return RETRIEVAL
     if kind == "retrieval-deep":
         return RETRIEVAL_DEEP
+    if kind == "retrieval-learned":
+        return RETRIEVAL_LEARNED
     return DualDrafter(DRAFTER, RETRIEVAL, kind.removeprefix("dual-"))
 
 
