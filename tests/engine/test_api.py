@@ -232,18 +232,31 @@ def test_the_readme_python_example_runs_and_applies_the_chat_template(capsys: py
     assert out.tokens == plain.tokens[0]
 
 
+#: ratios of one configuration moved by up to about 0.03 between two runs of bench/defaults.py on this machine
+#: (chain:1 on chat: 1.07x and 1.10x at 48 tokens), so smaller differences do not rank configurations
+DEFAULT_CHOICE_TOLERANCE = 0.03
+
+
 @pytest.mark.parametrize("results, temperature", [("defaults.json", 0.0), ("defaults_sampled.json", 0.7)])
-def test_the_default_strategy_is_the_best_worst_case_of_the_committed_benchmark(results: str,
-                                                                                  temperature: float) -> None:
+def test_the_default_strategy_is_the_one_the_committed_benchmark_chooses(results: str,
+                                                                          temperature: float) -> None:
     # bench/results/defaults.json compares the candidates on chat, input-grounded and long prompts greedy,
-    # defaults_sampled.json on chat and input-grounded prompts at T = 0.7; the default (greedy, and when
-    # sampling) must be the one whose slowest workload is fastest (rerun the bench before changing either)
+    # defaults_sampled.json on chat and input-grounded prompts at T = 0.7. The default (greedy, and when
+    # sampling) is, among the candidates whose slowest workload is within the tolerance of the best such,
+    # the one with the highest geometric mean over the workloads; means within the tolerance of the highest
+    # tie, and a tie goes to the candidate the bench lists first (rerun the bench before changing either)
     import json
+    import math
 
     with open(os.path.join(ROOT, "bench", "results", results)) as fh:
         rows = json.load(fh)["results"]
-    candidates = {r["configuration"] for r in rows if r["configuration"] != "ar"}
-    worst = {c: min(r["speedup_vs_ar"] for r in rows if r["configuration"] == c) for c in candidates}
+    order = list(dict.fromkeys(r["configuration"] for r in rows if r["configuration"] != "ar"))
+    speedups = {c: [r["speedup_vs_ar"] for r in rows if r["configuration"] == c] for c in order}
+    worst = {c: min(v) for c, v in speedups.items()}
+    mean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in speedups.items()}
+    safe = [c for c in order if worst[c] >= max(worst.values()) - DEFAULT_CHOICE_TOLERANCE]
+    best_mean = max(mean[c] for c in safe)
+    chosen = next(c for c in safe if mean[c] >= best_mean - DEFAULT_CHOICE_TOLERANCE)
     settings = resolve_settings(temperature=temperature)
     assert settings.draft == "retrieval"
-    assert max(worst, key=lambda c: worst[c]) == settings.strategy.label().replace("/naive", "").replace("/greedy", "")
+    assert chosen == settings.strategy.label().replace("/naive", "").replace("/greedy", "")
