@@ -274,3 +274,10 @@ def test_a_deep_match_chain_ends_where_the_match_ends_and_keeps_the_drafters_tex
         # the drafter's committed text and the tokens it has yet to see are the row's text, whichever entries
         # the chains forwarded
         assert head.state.committed[b] + list(head.pending[b]) == prompt + result.tokens[b]
+    # one row: every pass is exactly as wide as the row's chain (the chain ends where the row stops)
+    alone = SpeculativeDecoder(target, RetrievalDrafter(index, 64, 8, deep_match=3), parse_strategy("chain:6"))
+    one = alone.generate(PROMPTS[:1], max_new_tokens=NEW_TOKENS, record_trees=True)
+    assert one.tokens == reference[:1]
+    widths = [(tree.num_slots, int(tree.depths.masked_fill(~tree.valid, 0).max())) for tree in one.trees]
+    assert all(slots == depth + 1 for slots, depth in widths)
+    assert 1 in {depth for _, depth in widths} and max(depth for _, depth in widths) > 1
