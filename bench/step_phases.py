@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if key not in engines:
             engine = BatchEngine(decoder, max_batch_size=rows, depth_policy="fixed")
             for j in range(rows):
-                # long enough that no request ends within the run (the steps stay at `rows` rows)
+                # long enough that no request ends within the run (the steps stay at `rows` rows): every step
+                # emits at most depth + 1 tokens
                 engine.add_request(prompts[(len(engines) + j) % len(prompts)], SamplingParams(),
-                                   4 * (args.rounds + 1) * (args.block + 1) + 64)
+                                   2 * (depth + 1) * (args.rounds + 1) * (args.block + 1) + 64)
             engine.step()
             engines[key] = engine
 
