@@ -59,6 +59,11 @@ def sources_at(revision: str) -> dict[str, str]:
         raise ValueError(err.stderr.strip()) from None
 
 
+def working_sources() -> dict[str, str]:
+    """The kernels' C sources in the working tree."""
+    return {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
+
+
 def both_sources(revision: str) -> tuple[dict[str, str], dict[str, str]] | None:
     """(the working tree's kernel sources, those at ``revision``), or None after printing why git has none."""
     try:
@@ -66,7 +71,7 @@ def both_sources(revision: str) -> tuple[dict[str, str], dict[str, str]] | None:
     except ValueError as err:
         print(f"error: --baseline {revision!r}: {err}", file=sys.stderr)
         return None
-    return {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}, baseline
+    return working_sources(), baseline
 
 
 def weight(kind: str, out_features: int, in_features: int) -> torch.Tensor:
@@ -88,7 +93,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    current = {n: open(os.path.join(ROOT, "spec_fast", "lean", n)).read() for n in SOURCES}
+    current = working_sources()
     amx_off = args.baseline == "amx-off"
     try:
         baseline = current if amx_off else sources_at(args.baseline)

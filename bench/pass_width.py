@@ -18,7 +18,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench._common import write_results  # noqa: E402
 from bench._git import git_commit  # noqa: E402
-from bench.attention import prefilled  # noqa: E402
+from bench.attention import prefilled, timed_passes  # noqa: E402
 from bench.kernel_blocks import ROOT, both_sources, build  # noqa: E402
 from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
@@ -83,12 +82,8 @@ def main() -> int:
                 for name, q in cells if round_index % 2 else cells[::-1]:
                     tokens, parents = blocks[q]
                     with native.using(libs[name]):
-                        start = time.perf_counter()
-                        for _ in range(3):
-                            out = cache.forward(tokens, parents)
-                            cache.commit(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), True)
-                        times.setdefault((name, q), []).append((time.perf_counter() - start) / 3)
-                    logits[(name, q)] = out.logits
+                        seconds, logits[(name, q)] = timed_passes(cache, tokens, parents)
+                    times.setdefault((name, q), []).append(seconds)
     rows: list[dict[str, Any]] = []
     for q in widths:
         base, mine = (statistics.median(times[(n, q)]) * 1e3 for n in ("baseline", "this commit"))
