@@ -51,6 +51,25 @@
 #define HALVES_FROM 3
 #endif
 #endif
+/* Software prefetch of the weights (prefetch_ahead) from PREFETCH_FROM_ROWS rows on, with cache hint
+ * PREFETCH_HINT. On AMD Zen the hardware prefetchers alone streamed the weights of a 1-2 row product faster
+ * than with the prefetches, and from 3 rows a prefetch into L2 (T1) beat one into L1 (T0): a whole SmolLM2 pass
+ * over 1 / 5 tokens on a Zen 4 core, bench/results/pass_width.md. On the Intel core they were tuned on, every
+ * row count asked for every line into L1. */
+#ifndef PREFETCH_FROM_ROWS
+#if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+#define PREFETCH_FROM_ROWS 3
+#else
+#define PREFETCH_FROM_ROWS 1
+#endif
+#endif
+#ifndef PREFETCH_HINT
+#if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+#define PREFETCH_HINT _MM_HINT_T1
+#else
+#define PREFETCH_HINT _MM_HINT_T0
+#endif
+#endif
 #define LANES 16
 #define VECS (BLOCK / LANES)
 #define GROUP 32
@@ -194,10 +213,10 @@ static inline __m512 half16(const uint8_t *p) {
  * for once and the reads overlap the dot products (distances of 2 to 20 groups tried on whole decoding
  * passes: 8 was best; a prefetch past the end of the weight never faults). Always inlined: GCC counts a
  * prefetch as no side effect, so to it a function of prefetches alone is "const", and it deletes every
- * call (tests/engine/test_native_boundary.py checks the generated code of every block product). */
+ * call (tests/engine/test_native_boundary.py checks the generated code of the block products). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *values, int64_t group_bytes, int q) {
     const char *ahead = (const char *)(values + PREFETCH_GROUPS * group_bytes);
-    for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    for (int64_t line = 64 * q; line < group_bytes; line += 64 * QUADS) _mm_prefetch(ahead + line, PREFETCH_HINT);
 }
 
 /* The 4 activation bytes of quad q of a row, broadcast to every 32-bit lane */
@@ -251,7 +270,7 @@ static inline __attribute__((always_inline)) void block_rows(int kind, int rows,
             for (int c = 0; c < VECS; ++c) sums[r][c] = _mm512_setzero_si512();
         for (int q = 0; q < QUADS; ++q) {
             quad_weights_t u;
-            prefetch_ahead(values, group_bytes, q);
+            if (rows >= PREFETCH_FROM_ROWS) prefetch_ahead(values, group_bytes, q);
             quad_weights(kind, values + q * quad_bytes, u);
             for (int r = 0; r < rows; ++r) {
                 const __m512i xb = activation_quad(xq + r * k_size + g * GROUP + 4 * q);
@@ -293,7 +312,7 @@ static inline __attribute__((always_inline)) void block_rows_halves(int kind, in
             __m512i sums[4][2];
             for (int r = 0; r < rows; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
             for (int q = 0; q < QUADS; ++q) {
-                if (half == 0) prefetch_ahead(values, group_bytes, q);
+                if (half == 0 && rows >= PREFETCH_FROM_ROWS) prefetch_ahead(values, group_bytes, q);
                 const uint8_t *quad = values + q * quad_bytes;
                 __m512i u[2];
                 if (kind == 4) {
