@@ -15,9 +15,12 @@ whole cache at each of those cost about 6-8 ms at four rows, a step's worth (scr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-from spec_fast.lean import native
+from spec_fast.lean import native, watch
 
 __all__ = ["LeanKVCache", "LeanLayerCache", "uninitialised"]
 
@@ -50,6 +53,7 @@ class LeanLayerCache:
         self._keys, self.key_length = _assign(self._keys, new)
         if self._keys is not old:  # a new allocation of exactly its rows
             self._key_rows = self._keys
+            watch.changed()
 
     @property
     def values(self) -> torch.Tensor | None:
@@ -61,6 +65,7 @@ class LeanLayerCache:
         self._values, self.value_length = _assign(self._values, new)
         if self._values is not old:
             self._value_rows = self._values
+            watch.changed()
 
     @property
     def capacity(self) -> int:
@@ -74,6 +79,7 @@ class LeanLayerCache:
     def _use(self, key_rows: torch.Tensor, value_rows: torch.Tensor, batch: int) -> None:
         """Make ``key_rows, value_rows [R, H_kv, capacity, D]`` the allocation and their first ``batch`` rows
         the buffers."""
+        watch.changed()  # new buffer tensors: a kept layer stack points elsewhere
         self._key_rows, self._value_rows = key_rows, value_rows
         self._keys, self._values = key_rows[:batch], value_rows[:batch]
 
@@ -242,19 +248,59 @@ class LeanKVCache:
     def __init__(self, num_layers: int) -> None:
         self.layers = [LeanLayerCache() for _ in range(num_layers)]
         self._layer_stack: native.LayerStack | None = None
+        #: the change count (spec_fast.lean.watch) and the model's layers when _layer_stack was last checked
+        self._stack_checked: tuple[int, tuple[object, ...]] | None = None
         self._cache_buffers: native.CacheBuffers | None = None
 
-    def layer_stack(self, calls: list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]]) -> native.LayerStack:
-        """``calls`` (each layer's weights and buffers for this pass) as a :class:`~spec_fast.lean.native.LayerStack`:
-        the last pass's when every struct and buffer is the same object as then (what it checked still holds),
-        else a new one, kept for the next pass."""
+    def layer_stack(self, calls: list[tuple[native.LayerWeights, torch.Tensor, torch.Tensor]],
+                    layers: Sequence[object] = ()) -> native.LayerStack:
+        """``calls`` (each layer's weights and buffers for this pass, checked by the model's ``layers``) as a
+        :class:`~spec_fast.lean.native.LayerStack`: the last pass's when every struct and buffer is the same
+        object as then (what it checked still holds), else a new one, kept for the next pass."""
         kept = self._layer_stack
         if kept is None or len(kept.layers) != len(calls) or any(
                 new is not old for call, then in zip(calls, kept.layers) for new, old in zip(call, then)):
             kept = self._layer_stack = native.LayerStack(calls)
             # the buffers may have changed: a kept move would hold the old ones alive
             self._cache_buffers = None
+        self._stack_checked = (watch.changes(), tuple(layers))
         return kept
+
+    def native_stack(self, layers: Sequence[Any], x: torch.Tensor, mask: torch.Tensor | None
+                     ) -> native.LayerStack | None:
+        """The decoder ``layers``' stack for one :func:`~spec_fast.lean.native.run_layers` call over ``x [B, Q,
+        H]`` behind this cache: the kept one where :meth:`kept_stack` can serve the pass, else every layer's
+        ``native_call`` (which grows its buffers) as :meth:`layer_stack`; None where any layer would not run
+        natively on its own, or the mask ``[B, 1, Q, K]`` would need a conversion."""
+        if len(self.layers) != len(layers) or (mask is not None and (mask.dtype != torch.float32
+                                                                     or not mask.is_contiguous())):
+            return None
+        batch, num_query = int(x.shape[0]), int(x.shape[1])
+        needed = self.get_seq_length() + num_query
+        if x.device.type == "cpu" and x.dtype == torch.float32 and (
+                mask is None or tuple(mask.shape) == (batch, 1, num_query, needed)):
+            kept = self.kept_stack(layers, batch, needed)
+            if kept is not None:
+                return kept
+        calls = []
+        for layer, layer_cache in zip(layers, self.layers):
+            call = layer.native_call(x, mask, layer_cache)
+            if call is None:
+                return None
+            calls.append(call)
+        return self.layer_stack(calls, layers)
+
+    def kept_stack(self, layers: Sequence[object], batch: int, needed: int) -> native.LayerStack | None:
+        """The stack :meth:`layer_stack` last returned, without checking its layers again, where nothing has
+        changed since (the count of :mod:`spec_fast.lean.watch`: no lean module and no lean cache buffer
+        anywhere), ``layers`` are the same objects, and its buffers hold ``batch`` rows and ``needed`` slots;
+        else None (the caller checks every layer)."""
+        kept, checked = self._layer_stack, self._stack_checked
+        if kept is None or checked is None or checked[0] != watch.changes() or kept.batch != batch:
+            return None
+        if kept.capacity < needed or len(checked[1]) != len(layers):
+            return None
+        return kept if all(a is b for a, b in zip(checked[1], layers)) else None
 
     def reserve_rows(self, rows: int) -> None:
         """Room for ``rows`` rows in every layer (:meth:`LeanLayerCache.reserve_rows`)."""

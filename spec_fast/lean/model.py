@@ -27,6 +27,7 @@ from torch import nn
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
 from spec_fast.lean import native
 from spec_fast.lean.quant import KINDS, LeanLinear, column_major, hf_linears, stacked_linear
+from spec_fast.lean.watch import WatchedModule
 
 __all__ = ["LeanLlama", "LeanOutput", "MODEL_WEIGHTS", "SUPPORTED_MODEL_TYPES", "supports"]
 
@@ -71,7 +72,7 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
     return dict(params)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(WatchedModule):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
@@ -108,7 +109,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-class Attention(nn.Module):
+class Attention(WatchedModule):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, out_bias: bool) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -141,7 +142,7 @@ class Attention(nn.Module):
         return projected
 
 
-class MLP(nn.Module):
+class MLP(WatchedModule):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.intermediate = intermediate
@@ -154,7 +155,7 @@ class MLP(nn.Module):
         return out
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(WatchedModule):
     def __init__(self, config: Any) -> None:
         super().__init__()
         hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
@@ -186,6 +187,13 @@ class DecoderLayer(nn.Module):
         out2: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out2
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copies and pickles leave out the native struct (raw pointers into this layer's tensors, which
+        # ctypes cannot copy): a copy builds its own on its first pass
+        state = dict(self.__dict__)
+        state.pop("_native", None)
+        return state
+
     def native_weights(self) -> native.LayerWeights | None:
         """The layer's weights for the one-call C layer (:func:`spec_fast.lean.native.run_layer`), or None
         where it cannot run: the kernel is not available, or a product is not a packed native one."""
@@ -198,8 +206,10 @@ class DecoderLayer(nn.Module):
                    mlp_modules["down_proj"]._buffers.get("packed"), qkv.get("bias"), o.get("bias"),
                    modules["input_layernorm"]._parameters["weight"],
                    modules["post_attention_layernorm"]._parameters["weight"])
+        # ids and storage: a tensor given new storage under the same object (.data, .to()) gets a new struct
+        key = tuple((id(t), None if t is None else t.data_ptr()) for t in tensors)
         cached = self.__dict__.get("_native")
-        if cached is not None and cached[0] == tuple(map(id, tensors)):
+        if cached is not None and cached[0] == key:
             weights: native.LayerWeights | None = cached[2]
             return weights
         attn, mlp = self.self_attn, self.mlp
@@ -221,9 +231,9 @@ class DecoderLayer(nn.Module):
                 *(native.LAYER_KINDS[lin.kind] for lin in linears), *(pointer(lin.packed) for lin in linears),
                 pointer(attn.qkv_proj.bias), pointer(attn.o_proj.bias), pointer(norms[0]), pointer(norms[1]),
                 float(self.input_layernorm.eps), float(self.post_attention_layernorm.eps))
-        # the tensors' ids, compared on every call, and the tensors themselves: held here, so that no other
-        # tensor can take one of those ids while the struct points into them
-        self.__dict__["_native"] = (tuple(map(id, tensors)), tensors, weights)
+        # the key, compared on every call, and the tensors themselves: held here, so that no other tensor can
+        # take one of those ids while the struct points into them
+        self.__dict__["_native"] = (key, tensors, weights)
         return weights
 
     def native_call(self, x: torch.Tensor, mask: torch.Tensor | None, cache: LeanLayerCache
@@ -251,7 +261,7 @@ class DecoderLayer(nn.Module):
         return None if buffers is None else (weights, *buffers)
 
 
-class LeanBody(nn.Module):
+class LeanBody(WatchedModule):
     """Embeddings, decoder layers, final norm and the RoPE table (HF's ``model.model``)."""
 
     def __init__(self, config: Any) -> None:
@@ -270,7 +280,7 @@ class LeanBody(nn.Module):
         self.rotary = RotaryTable(torch.zeros(head_dim // 2, device="cpu"), 1.0, 1)
 
 
-class LeanLlama(nn.Module):
+class LeanLlama(WatchedModule):
     """A Llama-family causal LM for inference (see the module docstring); build it with :meth:`from_hf`.
 
     With bfloat16, int8 or int4 weights the linear layers round their inputs to bfloat16 and compute every
@@ -460,7 +470,7 @@ class LeanLlama(nn.Module):
         x = self.model.embed_tokens(input_ids)
         every_layer = output_hidden_states and not final_hidden_state_only
         hidden: list[torch.Tensor] = [x] if every_layer else []
-        stack = None if every_layer else _native_stack(layers, past_key_values, x, mask)
+        stack = None if every_layer else past_key_values.native_stack(layers, x, mask)
         if stack is not None:
             # every layer in one native call each, the shared arguments checked once (the same arithmetic as
             # the loop below, without its per-layer Python); the layers write into a copy of x
@@ -479,23 +489,6 @@ class LeanLlama(nn.Module):
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
-
-
-def _native_stack(layers: list[Any], cache: LeanKVCache, x: torch.Tensor, mask: torch.Tensor | None
-                  ) -> native.LayerStack | None:
-    """Every layer's :meth:`LeanDecoderLayer.native_call` for :func:`native.run_layers` (as the cache's
-    :meth:`~spec_fast.lean.cache.LeanKVCache.layer_stack`), or None where any layer would not run natively on
-    its own, or the mask would need a conversion."""
-    if len(cache.layers) != len(layers) or (mask is not None and (mask.dtype != torch.float32
-                                                                  or not mask.is_contiguous())):
-        return None
-    stack = []
-    for layer, layer_cache in zip(layers, cache.layers):
-        call = layer.native_call(x, mask, layer_cache)
-        if call is None:
-            return None
-        stack.append(call)
-    return cache.layer_stack(stack)
 
 
 def _norm(hf_norm: Any) -> RMSNorm:

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from spec_fast.lean import native
+from spec_fast.lean.watch import WatchedModule
 
 __all__ = ["KINDS", "INT4_GROUP_SIZE", "LeanLinear", "column_major", "hf_linears", "prefers_column_major",
            "stacked_linear"]
@@ -58,7 +59,7 @@ def column_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().contiguous().t()
 
 
-class LeanLinear(nn.Module):
+class LeanLinear(WatchedModule):
     """``y = x W^T + b`` for ``x [..., K]`` float32 -> ``[..., N]`` float32, ``W`` stored as ``kind``.
 
     The bias (Qwen2's q/k/v projections) stays float32.

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ import torch
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.lean import LeanLinear, LeanLlama, native
 from spec_fast.lean import cache as lean_cache
+from spec_fast.lean import watch
 from tests.engine.models import tiny_llama
 from tests.engine.test_lean import _drive, tiny_qwen2
 
@@ -266,9 +268,60 @@ def test_a_cache_keeps_its_checked_layer_stack_while_its_buffers_and_weights_sta
         assert seen[-1] is not grown and seen[-1].layers[1][0] is layer.native_weights()
         assert seen[-1].layers[0][0] is grown.layers[0][0]  # the other layers keep their structs
         # the control: a fresh stack on every pass computes the same logits bit for bit
-        monkeypatch.setattr(lean_cache.LeanKVCache, "layer_stack", lambda self, calls: native.LayerStack(calls))
+        monkeypatch.setattr(lean_cache.LeanKVCache, "layer_stack", lambda self, calls, *_: native.LayerStack(calls))
         fresh = drive(model.make_tree_cache(1))
     assert all(torch.equal(a, b) for a, b in zip(kept, fresh, strict=True))
+
+
+def test_passes_reuse_the_kept_stack_unchecked_until_a_module_or_buffer_changes(monkeypatch: Any) -> None:
+    """Between changes a pass takes the cache's kept stack without checking any layer (what cost ~0.4 ms a
+    pass); each kind of change makes the next pass check every layer again. A twin model, changed the same
+    way, checks every layer on every pass: the logits must be the same bit for bit."""
+    monkeypatch.setattr(lean_cache, "INITIAL_SLOTS", 64)
+    model = LeanLlama.from_hf(tiny_llama(seed=4))
+    twin = copy.deepcopy(model)
+    checks: list[int] = []
+    original = type(model.model.layers[0]).native_call
+    monkeypatch.setattr(type(model.model.layers[0]), "native_call",
+                        lambda self, *args: checks.append(1) or original(self, *args))
+    layers = len(model.model.layers)
+    cache, twin_cache = model.make_tree_cache(1), twin.make_tree_cache(1)
+    twin_cache.kept_stack = lambda *args: None  # type: ignore[method-assign]
+
+    def step(token: int) -> int:
+        checks.clear()
+        logits = model(torch.tensor([[token]]), past_key_values=cache).logits
+        checked = len(checks)
+        assert torch.equal(logits, twin(torch.tensor([[token]]), past_key_values=twin_cache).logits)
+        return checked
+
+    def swap_storage(m: LeanLlama) -> None:
+        # past the module's methods: the tensor object stays, its storage is new (said by hand)
+        packed = m.model.layers[2].mlp.down_proj.packed
+        packed.data = packed.data.clone() * 0.5
+        watch.changed()
+
+    def set_norm(m: LeanLlama) -> None:
+        norm = m.model.layers[1].post_attention_layernorm
+        norm.weight = torch.nn.Parameter(norm.weight * 1.5, requires_grad=False)
+
+    def new_layer(m: LeanLlama) -> None:
+        layer = copy.deepcopy(m.model.layers[0])
+        layer.self_attn.o_proj.packed.mul_(2)  # float32 packed: other weights
+        m.model.layers[0] = layer
+
+    with torch.no_grad():
+        model(torch.tensor([[3, 9, 4]]), past_key_values=cache)
+        twin(torch.tensor([[3, 9, 4]]), past_key_values=twin_cache)
+        assert step(5) == layers  # the twin's first pass allocated buffers: a change
+        before = watch.changes()
+        assert step(6) == 0 and step(7) == 0
+        assert watch.changes() == before  # decoding passes change nothing watched
+        for change in (set_norm, new_layer, swap_storage):
+            change(model)
+            change(twin)
+            assert step(8) == layers, change.__name__
+            assert step(9) == 0, change.__name__
 
 
 def test_run_layers_refuses_a_stack_whose_buffers_are_too_short_for_the_pass() -> None:
