@@ -6,8 +6,8 @@ Configurations (``--configs`` picks a subset), all on SmolLM2-135M-Instruct from
   forward on the GGUF file's own Q4_1 / Q8_0 blocks, the weights llama.cpp runs, with activations rounded to
   int8 per group of 32 as llama.cpp does); every ratio in the results is to this configuration, measured on the
   same prompt right beside the others;
-* ``ours-default``: our engine with the CLI default (``retrieval`` draft, ``DEFAULT_RETRIEVAL_STRATEGY``, or
-  ``DEFAULT_SAMPLED_STRATEGY`` when sampling), same model;
+* ``ours-default``: our engine with the CLI default for the temperature (``resolve_settings``: greedy, the
+  ``retrieval`` draft with ``DEFAULT_RETRIEVAL_STRATEGY``; sampled, what ``DEFAULT_SAMPLED_DRAFT`` says), same model;
 * ``ours-f32-plain`` / ``ours-f32-spec``: the same weights de-quantised to float32 (``--quantize none``) on the
   lean forward, plain and with the default draft and strategy;
 * ``hf-plain``, ``hf-pld`` (``prompt_lookup_num_tokens=10``), ``hf-assisted`` (assisted generation with our
@@ -79,7 +79,8 @@ from bench.workloads import HELDOUT, TUNING  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.drafts.retrieval import RetrievalDrafter  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
-from spec_fast.strategies import DEFAULT_RETRIEVAL_STRATEGY, DEFAULT_SAMPLED_STRATEGY, parse_strategy  # noqa: E402
+from spec_fast.settings import resolve_settings  # noqa: E402
+from spec_fast.strategies import parse_strategy  # noqa: E402
 
 #: the benchmark's prompts per workload: the held-out split (tests/drafts/test_peer_prompts.py and
 #: tests/drafts/test_bench_workloads.py keep it disjoint from the tuning split and from every prompt whose answers
@@ -201,8 +202,9 @@ class Systems:
         if name in ("ours-plain", "ours-f32-plain", "ours-q8-plain"):
             return SpeculativeDecoder(target, None, parse_strategy("ar"))
         if name in ("ours-default", "ours-f32-spec"):  # the CLI's default for this temperature
-            default = DEFAULT_RETRIEVAL_STRATEGY if sampling.greedy else DEFAULT_SAMPLED_STRATEGY
-            return SpeculativeDecoder(target, self.retrieval, parse_strategy(default))
+            settings = resolve_settings(temperature=0.0 if sampling.greedy else sampling.temperature)
+            drafter = self.retrieval if settings.draft == "retrieval" else None
+            return SpeculativeDecoder(target, drafter, settings.strategy)
         depth = int(name.rsplit(":", 1)[1])  # oracle-chain:K, oracle-f32-chain:K
         return SpeculativeDecoder(target, self.replay, parse_strategy(f"chain:{depth}"))
 

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from spec_fast.settings import (
-    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, DTYPES, DUAL_MODES, KV_CACHE_DTYPES,
+    DEFAULT_CUSTOM_DRAFT, DEFAULT_DRAFT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLED_DRAFT, DEFAULT_THREADS, DTYPES,
+    DUAL_MODES, KV_CACHE_DTYPES,
     QUANTIZE_CHOICES,
     SettingError,
     check_text,
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"the trained drafts 'rnn', 'distilled', 'eagle' (= 'heads'), '<trained>+retrieval', "
                           f"'early-exit:N' (the target's first N layers, no training), 'none', or a draft model "
                           f"folder sharing the target's vocabulary (default {DEFAULT_DRAFT} for the default "
-                          f"model, {DEFAULT_CUSTOM_DRAFT} for any other --model)")
+                          f"model, {DEFAULT_SAMPLED_DRAFT} there when sampling without --strategy "
+                          f"(bench/results/defaults_sampled.md), {DEFAULT_CUSTOM_DRAFT} for any other --model)")
     gen.add_argument("--dual", default=None, choices=list(DUAL_MODES),
                      help="with two drafts '--draft A,B': verify both heads' trees merged in one pass (merge), "
                           "only the head's tree with the higher mean draft confidence each step (route), or the "

@@ -23,7 +23,7 @@ from spec_fast.strategies import (DEFAULT_RETRIEVAL_STRATEGY, DEFAULT_SAMPLED_ST
                                   parse_strategy)
 
 __all__ = [
-    "DEFAULT_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
+    "DEFAULT_DRAFT", "DEFAULT_SAMPLED_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
     "DTYPES", "SettingError", "ModelSource", "GenerateSettings", "check_text", "cpu_cores", "resolve_model_source",
     "resolve_settings", "thread_warning", "unescape",
 ]
@@ -33,6 +33,13 @@ __all__ = [
 #: ``chain:2`` (bench/results/drafts.md). Other models get :data:`DEFAULT_CUSTOM_DRAFT` (the datastore and
 #: the trained drafts only fit SmolLM2).
 DEFAULT_DRAFT = "retrieval"
+#: The draft for the default target when sampling (temperature > 0) with no draft named: none, i.e. plain
+#: decoding. bench/results/defaults_sampled.md at 9c34e49 (chat and input-grounded tuning prompts at T = 0.7)
+#: had every speculative configuration slower than plain decoding on at least one workload (``chain:1`` 0.92x
+#: on chat, 1.02x on input-grounded prompts): sampled, a retrieval draft's token is accepted with the target's
+#: probability of it (1.29 tokens per pass on chat), which does not pay for the wider pass and its sampled
+#: verification. A draft named explicitly still drafts (:data:`spec_fast.strategies.DEFAULT_SAMPLED_STRATEGY`).
+DEFAULT_SAMPLED_DRAFT = "none"
 DEFAULT_CUSTOM_DRAFT = "early-exit:24"
 DEFAULT_MAX_NEW_TOKENS = 128
 #: torch CPU threads unless told otherwise: 1, because torch's default pool (one thread per core) waits
@@ -261,7 +268,8 @@ def resolve_settings(
 ) -> GenerateSettings:
     """Check every setting and fill in the defaults; raises :class:`SettingError` (a ``ValueError``).
 
-    ``draft`` None: :data:`DEFAULT_DRAFT` for the default model, :data:`DEFAULT_CUSTOM_DRAFT` for any
+    ``draft`` None: :data:`DEFAULT_DRAFT` for the default model (:data:`DEFAULT_SAMPLED_DRAFT`, none, when
+    sampling without a ``strategy``), :data:`DEFAULT_CUSTOM_DRAFT` for any
     other; ``strategy`` None: ``ar`` with draft ``none``, else :data:`spec_fast.strategies.DEFAULT_STRATEGY`
     (greedy; ``DEFAULT_RETRIEVAL_STRATEGY`` with the retrieval draft alone) or ``DEFAULT_SAMPLED_STRATEGY``
     (temperature > 0) with a named draft and
@@ -316,7 +324,9 @@ def resolve_settings(
     if quantize == "gguf" and not (target.path is None or (target.gguf_file and target.local)):
         raise SettingError("quantize", "gguf keeps a local GGUF file's quantised blocks; the model is not one "
                                        "(--model file.gguf, or a folder with --gguf-file)")
-    draft_name = draft if draft is not None else (DEFAULT_DRAFT if target.path is None else DEFAULT_CUSTOM_DRAFT)
+    draft_name = draft if draft is not None else (
+        DEFAULT_CUSTOM_DRAFT if target.path is not None
+        else DEFAULT_SAMPLED_DRAFT if temperature > 0 and strategy is None else DEFAULT_DRAFT)
     if not isinstance(draft_name, str) or not draft_name:
         raise SettingError("draft", f"must be a draft name, early-exit:N, none or a model, got {draft!r}")
     if dual is not None and dual not in DUAL_MODES:

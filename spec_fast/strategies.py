@@ -127,21 +127,21 @@ DEFAULT_STRATEGY = "chain:1"
 #: The CLI default with the retrieval draft alone, greedy: a chain of up to 4 tokens that goes past its first
 #: token only where the row's earlier drafts behind such matches were mostly accepted
 #: (:data:`spec_fast.drafts.retrieval.PATH_ACCEPTANCE`). Its first token rides on a pass over 2 tokens, which
-#: costs about 1.03x a one-token pass on the Zen 4 machine of bench/results/pass_width.md. Chosen by
-#: bench/results/defaults.md at f0a30cc (8 chat, 4 input-grounded and 4 long tuning prompts x 96 tokens; chat /
-#: input-grounded / long): ``chain:1`` 1.11x / 1.32x / 1.10x plain, ``chain:4`` 1.10x / 1.50x / 1.16x,
-#: ``chain:8`` 1.09x / 1.55x / 1.19x. The rule (tests/engine/test_api.py): among the configurations whose
-#: slowest workload is within 0.03 (the spread of repeated runs) of the best such, the highest geometric mean,
-#: means within 0.03 tying to the one listed first. Sampled, deep chains gained nothing (scratch, tuning
+#: costs about 1.12x a one-token pass on the Zen 4 machine of bench/results/pass_width.md. Chosen by
+#: bench/results/defaults.md at fe6f97c (8 chat, 4 input-grounded and 4 long tuning prompts x 96 tokens; chat /
+#: input-grounded / long): ``chain:1`` 1.14x / 1.30x / 1.08x plain, ``chain:4`` 1.15x / 1.50x / 1.15x,
+#: ``chain:8`` 1.14x / 1.51x / 1.17x. The rule (tests/engine/test_api.py): among the configurations whose
+#: slowest workload is within 0.03 (the spread of repeated runs) of the best such, plain decoding included, the
+#: highest geometric mean, means within 0.03 tying to the one listed first. Sampled, deep chains gained nothing (scratch, tuning
 #: prompts: input-grounded 1.02x against 1.03x for ``chain:1``), so sampling keeps
 #: :data:`DEFAULT_SAMPLED_STRATEGY`.
 DEFAULT_RETRIEVAL_STRATEGY = "chain:4"
-#: The CLI default with a trained or retrieval draft at temperature > 0: the best worst case of
-#: bench/results/defaults_sampled.md (chat and input-grounded prompts at T = 0.7; tests/engine/test_api.py),
-#: on the default target at 932bf7d: ``chain:1`` at 0.88x / 0.97x plain decoding there (``chain:1+adaptive``,
-#: which speculates on every sampled step, 0.87x / 1.00x). Sampled, a retrieval draft's proposal is accepted
-#: with the target's probability of it (1.21 tokens per pass on chat for ``chain:1``), and longer chains
-#: lost more (``chain:3`` 0.72x on chat).
+#: The CLI default with a trained or retrieval draft named at temperature > 0 (with none named, sampling
+#: decodes plain: :data:`spec_fast.settings.DEFAULT_SAMPLED_DRAFT`): the best speculative worst case of
+#: bench/results/defaults_sampled.md at 9c34e49 (chat and input-grounded prompts at T = 0.7), ``chain:1`` at
+#: 0.92x / 1.02x plain decoding (``chain:1+adaptive`` 0.89x / 0.93x, ``chain:3`` 0.86x / 0.91x). Sampled, a
+#: retrieval draft's proposal is accepted with the target's probability of it (1.29 tokens per pass on chat
+#: for ``chain:1``), and longer chains lost more.
 DEFAULT_SAMPLED_STRATEGY = "chain:1"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).

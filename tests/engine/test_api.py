@@ -244,13 +244,15 @@ def test_the_default_strategy_is_the_one_the_committed_benchmark_chooses(results
     # defaults_sampled.json on chat and input-grounded prompts at T = 0.7. The default (greedy, and when
     # sampling) is, among the candidates whose slowest workload is within the tolerance of the best such,
     # the one with the highest geometric mean over the workloads; means within the tolerance of the highest
-    # tie, and a tie goes to the candidate the bench lists first (rerun the bench before changing either)
+    # tie, and a tie goes to the candidate the bench lists first (rerun the bench before changing either).
+    # Plain decoding is a candidate, listed first: a speculative default must beat it by more than the noise,
+    # and where none does the default is plain decoding without a draft
     import json
     import math
 
     with open(os.path.join(ROOT, "bench", "results", results)) as fh:
         rows = json.load(fh)["results"]
-    order = list(dict.fromkeys(r["configuration"] for r in rows if r["configuration"] != "ar"))
+    order = list(dict.fromkeys(r["configuration"] for r in rows))  # plain decoding ("ar") first, a candidate too
     speedups = {c: [r["speedup_vs_ar"] for r in rows if r["configuration"] == c] for c in order}
     worst = {c: min(v) for c, v in speedups.items()}
     mean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in speedups.items()}
@@ -258,5 +260,5 @@ def test_the_default_strategy_is_the_one_the_committed_benchmark_chooses(results
     best_mean = max(mean[c] for c in safe)
     chosen = next(c for c in safe if mean[c] >= best_mean - DEFAULT_CHOICE_TOLERANCE)
     settings = resolve_settings(temperature=temperature)
-    assert settings.draft == "retrieval"
+    assert settings.draft == ("none" if chosen == "ar" else "retrieval")
     assert chosen == settings.strategy.label().replace("/naive", "").replace("/greedy", "")
