@@ -182,6 +182,20 @@ def test_requests_beyond_the_batch_wait_and_a_finished_or_aborted_one_frees_its_
     assert stats.ttft_s > 0 and stats.mean_accepted_length == stats.accepted_tokens / stats.target_passes
 
 
+def test_an_output_keeps_the_stats_of_its_step_while_later_steps_update_the_request() -> None:
+    engine = BatchEngine(decoder_for("chain:3"), max_batch_size=1, depth_policy="fixed")
+    engine.add_request(PROMPTS[1], SamplingParams(), 8)
+    outputs = [o for _ in range(3) for o in engine.step()]
+    first = outputs[0].stats
+    seen = (first.generated_tokens, first.target_passes, list(first.accepted_length_histogram),
+            list(first.accepted_per_position))
+    while engine.has_unfinished():
+        outputs.extend(engine.step())
+    assert outputs[-1].stats.target_passes > first.target_passes  # the request went on
+    assert (first.generated_tokens, first.target_passes, first.accepted_length_histogram,
+            first.accepted_per_position) == seen
+
+
 def test_eos_ends_a_request_with_finish_reason_stop() -> None:
     decoder = decoder_for("chain:3")
     solo = alone(decoder, Arrival(PROMPTS[0], SamplingParams(), 10, 0))
