@@ -23,7 +23,8 @@ from spec_fast.strategies import (DEFAULT_RETRIEVAL_STRATEGY, DEFAULT_SAMPLED_ST
                                   parse_strategy)
 
 __all__ = [
-    "DEFAULT_DRAFT", "DEFAULT_SAMPLED_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS", "NAMED_DRAFTS",
+    "DEFAULT_DRAFT", "DEFAULT_SAMPLED_DRAFT", "DEFAULT_CUSTOM_DRAFT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_THREADS",
+    "NAMED_DRAFTS",
     "DTYPES", "SettingError", "ModelSource", "GenerateSettings", "check_text", "cpu_cores", "resolve_model_source",
     "resolve_settings", "thread_warning", "unescape",
 ]
