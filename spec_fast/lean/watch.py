@@ -59,8 +59,8 @@ class WatchedModule(nn.Module):
         super().add_module(*args, **kwargs)
 
     def _apply(self, *args: Any, **kwargs: Any) -> Any:
-        # .to(), .float(), .half(), ...: parameters may get new storage under the same tensor object
+        # .to(), .float(), .half(), ...: parameters may get new storage under the same tensor object. Counted
+        # before the conversion, like every other change: nothing checks a stack in between, and a conversion
+        # that fails halfway is counted too
         changed()
-        result = super()._apply(*args, **kwargs)  # type: ignore[no-untyped-call]
-        changed()
-        return result
+        return super()._apply(*args, **kwargs)  # type: ignore[no-untyped-call]
