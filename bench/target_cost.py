@@ -150,11 +150,12 @@ def linear_breakdown(model: Any, rounds: int) -> dict[str, float]:
 
     original_stack = native.run_layers
 
-    def timed_stack(*args: Any, **kwargs: Any) -> None:
+    def timed_stack(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        original_stack(*args, **kwargs)
+        result = original_stack(*args, **kwargs)
         if not inside_layer[0]:
             spent["decoder_layers"] += time.perf_counter() - start
+        return result
 
     native.run_layers = timed_stack  # type: ignore[assignment]
     state = TreeKVCache(model, 1, torch.device("cpu"))

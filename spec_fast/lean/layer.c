@@ -577,6 +577,30 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     return 0;
 }
 
+/* out [rows, size] = rms_norm(x) with `weight` (the model's final norm): the arithmetic of every layer's norms,
+ * so a final norm computed here or after spec_fast_layers has the same bits */
+void spec_fast_rms_norm(const float *x, int64_t rows, int64_t size, const float *weight, double eps, float *out) {
+    rms_norm(x, rows, size, weight, eps, out);
+}
+
+/* The `count` layers of a model one after another over x in place, each exactly one spec_fast_layer call
+ * (layer l with weights[l], keys[l], values[l], capacities[l], halves[l]), then, with `norm` not NULL,
+ * normed = rms_norm(x) with that weight (the final norm). One call per pass instead of one per layer plus a
+ * torch norm: after a pass has streamed the weights through the caches, each of those calls found its Python
+ * and dispatch paths in memory again. Returns 0, or -1 as spec_fast_layer (x is then partly updated). */
+int64_t spec_fast_layers(int64_t count, const spec_fast_layer_weights *const *weights, float *x, int64_t batch,
+                         int64_t num_query, const float *cos, const float *sin, const float *mask, int64_t past,
+                         void *const *keys, void *const *values, const int64_t *capacities, const int64_t *halves,
+                         int64_t threads, const float *norm, double eps, float *normed) {
+    for (int64_t l = 0; l < count; ++l) {
+        if (spec_fast_layer(weights[l], x, batch, num_query, cos, sin, mask, past, keys[l], values[l], capacities[l],
+                            threads, halves[l]) != 0)
+            return -1;
+    }
+    if (norm != NULL && count > 0) rms_norm(x, batch * num_query, weights[0]->hidden, norm, eps, normed);
+    return 0;
+}
+
 /* The commit of a pass's kept cache entries for rows of different lengths: in every layer l and row b, the
  * entry at slot source[b, i] moves to slot target[b, i] for i < counts[b] (keys[l] and values[l] are
  * [B, H_kv, capacity, D] buffers of element_bytes-wide elements). A row's kept entries are all read before

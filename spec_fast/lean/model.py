@@ -418,6 +418,16 @@ class LeanLlama(WatchedModule):
         for layer in layers:
             layer.self_attn.kv_cache_dtype = None if dtype == torch.float32 else dtype
 
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """``model.norm(x)``, computed as the native stack computes it (layer.c's norm) wherever the native
+        layers could run, so a pass gives the same bits on either path of :meth:`forward`."""
+        norm = self.model.norm
+        if x.device.type == "cpu" and x.dtype == torch.float32 and norm.weight.device.type == "cpu" \
+                and norm.weight.dtype == torch.float32 and native.available():
+            return native.rms_norm(x, norm.weight.contiguous(), norm.eps)
+        normed: torch.Tensor = norm(x)
+        return normed
+
     # the HF methods the engine and the drafters call
     def get_output_embeddings(self) -> LeanLinear:
         return self.lm_head
@@ -472,10 +482,12 @@ class LeanLlama(WatchedModule):
         hidden: list[torch.Tensor] = [x] if every_layer else []
         stack = None if every_layer else past_key_values.native_stack(layers, x, mask)
         if stack is not None:
-            # every layer in one native call each, the shared arguments checked once (the same arithmetic as
-            # the loop below, without its per-layer Python); the layers write into a copy of x
-            x = x.contiguous().clone()
-            native.run_layers(stack, x, cos.contiguous(), sin.contiguous(), mask, past)
+            # every layer in one native call, the shared arguments checked once (the same arithmetic as the
+            # loop below, without its per-layer Python), writing into a copy of x; it returns the final norm
+            normed = native.run_layers(stack, x.contiguous().clone(), cos.contiguous(), sin.contiguous(), mask,
+                                       past, norm=(self.model.norm.weight, self.model.norm.eps))
+            assert normed is not None
+            x = normed
             for layer_cache in past_key_values.layers:
                 layer_cache.key_length = layer_cache.value_length = past + int(num_query)
         else:
@@ -483,7 +495,7 @@ class LeanLlama(WatchedModule):
                 x = layer(x, cos, sin, mask, layer_cache)
                 if every_layer:
                     hidden.append(x)
-        x = self.model.norm(x)
+            x = self._final_norm(x)
         if output_hidden_states:
             hidden[-1:] = [x]  # HF's last entry: the final normed states
         if logits_to_keep > 0:

@@ -40,10 +40,10 @@ from spec_fast.lean.block_layout import (BLOCK, BLOCK_KINDS, GROUP, group_bytes,
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
            "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
-           "move_entries", "pack_blocks", "pack_float32", "round_half", "run_layer", "select_outputs",
-           "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
+           "move_entries", "pack_blocks", "pack_float32", "rms_norm", "round_half", "run_layer", "run_layers",
+           "select_outputs", "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 9
+_VERSION = 10
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -191,6 +191,11 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
                                         i64, i64]
         lib.spec_fast_layer.restype = i64
+        lib.spec_fast_layers.argtypes = [i64, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr,
+                                         ctypes.c_double, ptr]
+        lib.spec_fast_layers.restype = i64
+        lib.spec_fast_rms_norm.argtypes = [ptr, i64, i64, ptr, ctypes.c_double, ptr]
+        lib.spec_fast_rms_norm.restype = None
         lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
         lib.spec_fast_move_entries.restype = i64
         lib.spec_fast_round_half.argtypes = [ptr, i64, ptr]
@@ -400,24 +405,33 @@ class LayerStack:
                                  f"values.shape={tuple(values.shape)}")
         #: the slots every layer's buffers hold
         self.capacity = min((int(keys.shape[2]) for _, keys, _ in self.layers), default=0)
-        self._calls = tuple((ctypes.byref(weights), keys.data_ptr(), values.data_ptr(), int(keys.shape[2]),
-                             int(keys.dtype == torch.float16)) for weights, keys, values in self.layers)
+        count = len(self.layers)
+        # the arguments of spec_fast_layers, one entry per layer
+        self._weights = (ctypes.POINTER(LayerWeights) * count)(*[ctypes.pointer(w) for w, _, _ in self.layers])
+        self._keys = (ctypes.c_void_p * count)(*[keys.data_ptr() for _, keys, _ in self.layers])
+        self._values = (ctypes.c_void_p * count)(*[values.data_ptr() for _, _, values in self.layers])
+        self._capacities = (ctypes.c_int64 * count)(*[int(keys.shape[2]) for _, keys, _ in self.layers])
+        self._halves = (ctypes.c_int64 * count)(*[int(keys.dtype == torch.float16) for _, keys, _ in self.layers])
 
     def __len__(self) -> int:
         return len(self.layers)
 
 
 def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]], x: torch.Tensor,
-               cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int) -> None:
+               cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int,
+               norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | None:
     """The decoder layers ``stack`` (a :class:`LayerStack`, or the ``(weights, keys, values)`` of one, each as
-    in :func:`run_layer`) one after another over ``x`` in place, the arguments every layer shares checked once.
-    Python's part of :func:`run_layer` (its checks, and a model's per-layer bookkeeping around it) is then paid
-    once per pass, not once per layer; the layers compute exactly what one :func:`run_layer` call each
-    computes. A ``MemoryError`` can leave ``x`` partly updated: pass a copy where that matters."""
+    in :func:`run_layer`) one after another over ``x`` in place, in one native call, the arguments every layer
+    shares checked once. Python's part of :func:`run_layer` (its checks, and a model's per-layer bookkeeping
+    around it) is then paid once per pass, not once per layer; the layers compute exactly what one
+    :func:`run_layer` call each computes. With ``norm = (weight [H] float32, eps)`` the same call then returns
+    the final norm of the result, ``rms_norm(x, weight, eps)`` (:func:`rms_norm`'s bits), as a new ``[B, Q,
+    H]`` tensor; otherwise None. A ``MemoryError`` can leave ``x`` partly updated: pass a copy where that
+    matters."""
     lib = _library()
     assert lib is not None
     if len(stack) == 0:
-        return
+        return None if norm is None else rms_norm(x, *norm)
     layers = stack if isinstance(stack, LayerStack) else LayerStack(stack)
     _check("x", x, torch.float32, 3, contiguous=True, shape=(layers.batch, None, layers.hidden))
     batch, num_query, dim = int(x.shape[0]), int(x.shape[1]), layers.dim
@@ -438,11 +452,36 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
     threads = torch.get_num_threads()
     x_data, cos_data, sin_data = x.data_ptr(), cos.data_ptr(), sin.data_ptr()
     mask_data = None if mask is None else mask.data_ptr()
-    for weights, keys, values, capacity, half in layers._calls:
-        status = lib.spec_fast_layer(weights, x_data, batch, num_query, cos_data, sin_data, mask_data, past, keys,
-                                     values, capacity, threads, half)
-        if status != 0:
-            raise MemoryError("the native decoder layer could not allocate its scratch memory")
+    normed, norm_data, eps = None, None, 0.0
+    if norm is not None:
+        weight, eps = norm
+        _check("norm weight", weight, torch.float32, 1, contiguous=True, shape=(layers.hidden,))
+        normed = torch.empty(x.shape, dtype=torch.float32)
+        norm_data, eps = weight.data_ptr(), float(eps)
+    status = lib.spec_fast_layers(len(layers), layers._weights, x_data, batch, num_query, cos_data, sin_data,
+                                  mask_data, past, layers._keys, layers._values, layers._capacities, layers._halves,
+                                  threads, norm_data, eps, None if normed is None else normed.data_ptr())
+    if status != 0:
+        raise MemoryError("the native decoder layer could not allocate its scratch memory")
+    return normed
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x [..., H]`` float32 on the CPU -> ``x / sqrt(mean(x^2) + eps) * weight`` as the native layers
+    compute their norms (the mean accumulated in float64): a model's final norm, the same bits whether
+    :func:`run_layers` computed it or this did."""
+    lib = _library()
+    assert lib is not None
+    _check("x", x, torch.float32, x.dim() if isinstance(x, torch.Tensor) else 0)
+    size = int(x.shape[-1]) if x.dim() > 0 else 0
+    _check("weight", weight, torch.float32, 1, contiguous=True, shape=(size,))
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps must be a float, got eps={eps!r}")
+    source = x.contiguous()
+    out = torch.empty(source.shape, dtype=torch.float32)
+    lib.spec_fast_rms_norm(source.data_ptr(), source.numel() // max(size, 1), size, weight.data_ptr(), float(eps),
+                           out.data_ptr())
+    return out
 
 
 def round_half(x: torch.Tensor) -> torch.Tensor:

@@ -51,11 +51,11 @@ def _count_layer_calls(monkeypatch: Any, stacks: list[int] | None = None) -> lis
     calls = [0]
     original = native.run_layers
 
-    def counted(stack: Any, *args: Any) -> None:
+    def counted(stack: Any, *args: Any, **kwargs: Any) -> Any:
         calls[0] += len(stack)
         if stacks is not None:
             stacks.append(len(stack))
-        original(stack, *args)
+        return original(stack, *args, **kwargs)
 
     monkeypatch.setattr(native, "run_layers", counted)
     return calls
@@ -248,7 +248,8 @@ def test_a_cache_keeps_its_checked_layer_stack_while_its_buffers_and_weights_sta
     model = LeanLlama.from_hf(tiny_llama(seed=3))
     seen: list[Any] = []
     original = native.run_layers
-    monkeypatch.setattr(native, "run_layers", lambda stack, *args: seen.append(stack) or original(stack, *args))
+    monkeypatch.setattr(native, "run_layers",
+                        lambda stack, *args, **kwargs: seen.append(stack) or original(stack, *args, **kwargs))
 
     def drive(cache: Any) -> list[torch.Tensor]:
         out = [model(torch.tensor([[3, 9, 4]]), past_key_values=cache).logits]
@@ -336,3 +337,33 @@ def test_run_layers_refuses_a_stack_whose_buffers_are_too_short_for_the_pass() -
         native.run_layers(stack, x.clone(), table, table, None, 3)
     with pytest.raises(ValueError, match="^x must have shape"):
         native.run_layers(stack, torch.randn(2, 2, hidden), table, table, None, 0)  # another batch size
+
+
+def test_the_stack_returns_the_final_norm_that_rms_norm_computes_and_torch_agrees_with() -> None:
+    """``run_layers(..., norm=)`` runs the model's final norm in the same native call: its output is bit for
+    bit ``native.rms_norm`` of the layers' result (the layer-by-layer path's final norm) and, within float32
+    rounding, torch's RMSNorm; bad norm arguments are refused by name."""
+    model = LeanLlama.from_hf(tiny_llama(hidden=384, heads=6, kv_heads=2))
+    weights = [layer.native_weights() for layer in model.model.layers]
+    assert all(w is not None for w in weights)
+    hidden, heads, dim = int(weights[0].hidden), int(weights[0].kv_heads), int(weights[0].head_dim)
+    stack = native.LayerStack([(w, torch.zeros(2, heads, 4, dim), torch.zeros(2, heads, 4, dim)) for w in weights])
+    x, table = torch.randn(2, 3, hidden, generator=torch.Generator().manual_seed(5)), torch.ones(2, 3, dim)
+    norm = model.model.norm
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden, generator=torch.Generator().manual_seed(6)) + 0.5)
+    plain = x.clone()
+    assert native.run_layers(stack, plain, table, table, None, 0) is None
+    fused = x.clone()
+    normed = native.run_layers(stack, fused, table, table, None, 0, norm=(norm.weight, norm.eps))
+    assert normed is not None and normed.shape == x.shape and torch.equal(fused, plain)
+    assert torch.equal(normed, native.rms_norm(plain, norm.weight, norm.eps))
+    expected = torch.nn.functional.rms_norm(plain, (hidden,), norm.weight, norm.eps)
+    torch.testing.assert_close(normed, expected, rtol=2e-6, atol=1e-6)
+    assert not torch.equal(normed, plain)  # the norm was applied
+    with pytest.raises(ValueError, match=r"^norm weight must have shape \[384\]"):
+        native.run_layers(stack, x.clone(), table, table, None, 0, norm=(norm.weight[:-1], norm.eps))
+    with pytest.raises(ValueError, match="^weight must be torch.float32"):
+        native.rms_norm(plain, norm.weight.double(), norm.eps)
+    with pytest.raises(ValueError, match="^eps must be a float"):
+        native.rms_norm(plain, norm.weight, "1e-5")  # type: ignore[arg-type]
