@@ -103,9 +103,9 @@ class TreeKVCache:
         depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
         positions = self.lengths.unsqueeze(1) + depths
-        dtype = next(self.model.parameters()).dtype
-        mask = None if plain else additive_mask(
-            tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query), dtype)
+        mask = None if plain else additive_mask(  # (a plain step skips the walk over the parameters too)
+            tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query),
+            next(self.model.parameters()).dtype)
         extra: dict[str, Any] = {self._cache_keyword: self.cache}
         if logits_to_keep > 0:
             extra["logits_to_keep"] = logits_to_keep
