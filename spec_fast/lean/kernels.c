@@ -24,6 +24,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #define BLOCK 64
 #define LANES 16
 #define VECS (BLOCK / LANES)
@@ -114,5 +118,61 @@ void spec_fast_pack_f32(const float *w, int64_t n_size, int64_t k_size, int64_t 
     }
 }
 
+/* out[r] = the index of the first maximum of row r of x [rows, size] (row stride ldx, size >= 1): the lowest
+ * index among equal maxima, a NaN counting as the maximum (the first NaN wins), as torch's max(dim).indices
+ * and argmax. One sweep for the maximum, one for its first index: a few microseconds over a row of 49152
+ * logits, where torch's reduction took about 45 us per row on one thread of a Zen 4 core (0.26 ms for the
+ * five rows of a depth-4 chain, 0.9 ms for four such requests). */
+void spec_fast_first_max(const float *x, int64_t rows, int64_t size, int64_t ldx, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * ldx;
+        int64_t j = 0, nan_at = -1;
+        float best = row[0];
+#if defined(__AVX512F__)
+        if (size >= LANES) {
+            __m512 most = _mm512_loadu_ps(row);
+            __mmask16 nan = _mm512_cmp_ps_mask(most, most, _CMP_UNORD_Q);
+            for (j = LANES; j + LANES <= size && !nan; j += LANES) {
+                const __m512 v = _mm512_loadu_ps(row + j);
+                nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                most = _mm512_max_ps(v, most);
+            }
+            if (nan) {
+                nan_at = j - LANES + __builtin_ctz((unsigned)nan);
+            } else {
+                best = _mm512_reduce_max_ps(most);
+            }
+        }
+#endif
+        if (nan_at < 0) {
+            for (; j < size; ++j) { /* the tail (or the whole row without AVX-512), in order */
+                if (row[j] != row[j]) {
+                    nan_at = j;
+                    break;
+                }
+                if (row[j] > best) best = row[j];
+            }
+        }
+        if (nan_at >= 0) { /* every slot before it was compared: it is the first NaN */
+            out[r] = nan_at;
+            continue;
+        }
+        int64_t at = 0;
+#if defined(__AVX512F__)
+        const __m512 target = _mm512_set1_ps(best);
+        for (; at + LANES <= size; at += LANES) {
+            const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + at), target, _CMP_EQ_OQ);
+            if (hit) {
+                at += __builtin_ctz((unsigned)hit);
+                break;
+            }
+        }
+#endif
+        for (; at < size && row[at] != best; ++at) {
+        }
+        out[r] = at < size ? at : 0;
+    }
+}
+
 /* The version of this file's interface; native.py refuses a library that reports another. */
-int64_t spec_fast_kernels_version(void) { return 10; }
+int64_t spec_fast_kernels_version(void) { return 11; }

@@ -35,15 +35,16 @@ from contextlib import contextmanager
 
 import torch
 
+from spec_fast import _sampling
 from spec_fast.lean.block_layout import (BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, select_outputs,
                                          unpack_blocks)
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
-           "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
-           "move_entries", "pack_blocks", "pack_float32", "rms_norm", "round_half", "run_layer", "run_layers",
-           "select_outputs", "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
+           "LayerWeights", "amx", "available", "build", "disabled", "first_max_index", "group_bytes", "mm_blocks",
+           "mm_float32", "move_entries", "pack_blocks", "pack_float32", "rms_norm", "round_half", "run_layer",
+           "run_layers", "select_outputs", "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 10
+_VERSION = 11
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -196,6 +197,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_layers.restype = i64
         lib.spec_fast_rms_norm.argtypes = [ptr, i64, i64, ptr, ctypes.c_double, ptr]
         lib.spec_fast_rms_norm.restype = None
+        lib.spec_fast_first_max.argtypes = [ptr, i64, i64, i64, ptr]
+        lib.spec_fast_first_max.restype = None
         lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
         lib.spec_fast_move_entries.restype = i64
         lib.spec_fast_round_half.argtypes = [ptr, i64, ptr]
@@ -464,6 +467,33 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
     if status != 0:
         raise MemoryError("the native decoder layer could not allocate its scratch memory")
     return normed
+
+
+def first_max_index(values: torch.Tensor) -> torch.Tensor:
+    """``values [R, V]`` float32 on the CPU (rows of unit stride, ``V >= 1``) -> ``[R]`` int64: each row's
+    index of its first maximum, a NaN counting as the maximum, exactly ``values.max(dim=1).indices``."""
+    lib = _library()
+    assert lib is not None
+    _check("values", values, torch.float32, 2)
+    rows, size = int(values.shape[0]), int(values.shape[1])
+    if size < 1 or (size > 1 and values.stride(1) != 1):
+        raise ValueError(f"values must be [R, V] with V >= 1 and rows of unit stride, got "
+                         f"values.shape={tuple(values.shape)}, values.stride()={values.stride()}")
+    out = torch.empty(rows, dtype=torch.int64)
+    if rows > 0:
+        lib.spec_fast_first_max(values.data_ptr(), rows, size, int(values.stride(0)), out.data_ptr())
+    return out
+
+
+def _first_max_where_loaded(values: torch.Tensor) -> torch.Tensor | None:
+    """:func:`first_max_index` where the library is loaded already and ``values`` suits it, else None (the
+    caller then reduces in torch; an argmax never builds the library)."""
+    if _STATE.get("lib") is None or values.dim() != 2 or (values.shape[1] > 1 and values.stride(1) != 1):
+        return None
+    return first_max_index(values)
+
+
+_sampling.native_first_max = _first_max_where_loaded
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
