@@ -22,18 +22,22 @@ F64 = torch.float64
 #: Set by :mod:`spec_fast.lean.native` when it is imported: ``values [R, V]`` (CPU float32) -> the indices
 #: :func:`first_max_index` returns, from its C sweep, or None where that library is not loaded.
 native_first_max: Callable[[Tensor], Tensor | None] | None = None
+#: The native sweep takes argmaxes over at least this many values (several rows of logits): over one row
+#: of 49152 it saved ~20 us a call, which the Python around it cost back in a decoding step (scratch A/B)
+NATIVE_FIRST_MAX_FROM = 65536
 
 
 def first_max_index(values: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """``torch.argmax(values, dim, keepdim)``: the index of the first maximum (the lowest on ties; a NaN counts
-    as the maximum). On the CPU, float32 along the last dimension, it is the native library's sweep where that
-    is loaded (:data:`native_first_max`: the same indices, a few microseconds per 49152-wide row where
-    torch's reduction took about 45 us on one thread, 0.26 ms for the five rows of a depth-4 chain), else
-    ``torch.max(dim)``'s indices, which follow the same rules in a fraction of argmax's time there; elsewhere
-    it is ``torch.argmax``."""
+    as the maximum). On the CPU, float32 along the last dimension and at least :data:`NATIVE_FIRST_MAX_FROM`
+    values, it is the native library's sweep where that is loaded (:data:`native_first_max`: the same
+    indices; 0.11 ms for the five rows of a depth-4 chain's logits where torch's reduction took 0.30 ms after
+    a pass, and 0.9 ms for four such requests, on one thread), else ``torch.max(dim)``'s indices, which follow
+    the same rules in a fraction of argmax's time there; elsewhere it is ``torch.argmax``."""
     if values.device.type == "cpu":
         if (native_first_max is not None and values.dtype == torch.float32 and values.dim() >= 1
-                and dim in (-1, values.dim() - 1) and values.shape[-1] > 0):
+                and dim in (-1, values.dim() - 1) and values.shape[-1] > 0
+                and values.numel() >= NATIVE_FIRST_MAX_FROM):
             found = native_first_max(values.reshape(-1, values.shape[-1]))
             if found is not None:
                 found = found.view(values.shape[:-1])

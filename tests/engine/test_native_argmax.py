@@ -3,8 +3,9 @@
 
 * on any float32 rows (ties, NaN anywhere, infinities, zeros of both signs, strided rows, widths around the
   16-lane vectors) it returns exactly ``torch.max(dim).indices``, in the native and the portable build;
-* ``first_max_index`` takes it where the library is loaded and reduces in torch where it is not (no build
-  is triggered by an argmax), with the same indices either way; its boundary refuses what it cannot read.
+* ``first_max_index`` takes it for argmaxes over several rows of logits where the library is loaded, and
+  reduces in torch otherwise (no build is triggered by an argmax), with the same indices either way; its
+  boundary refuses what it cannot read.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def test_first_max_index_uses_the_sweep_only_where_the_library_is_loaded(monkeyp
     monkeypatch.setattr(native, "first_max_index", lambda values: calls.append(values.shape) or sweep(values))
     logits = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(3))
     expected = logits.max(dim=-1).indices
+    assert torch.equal(_sampling.first_max_index(logits), expected) and calls == []  # too few values
+    monkeypatch.setattr(_sampling, "NATIVE_FIRST_MAX_FROM", 240)
     assert torch.equal(_sampling.first_max_index(logits), expected) and calls == [(6, 40)]
     with native.disabled():  # no library: torch's reduction, the same indices
         assert torch.equal(_sampling.first_max_index(logits), expected) and len(calls) == 1
