@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from spec_fast.chat import template_ids
+from spec_fast.detokenize import IncrementalText
 from spec_fast.settings import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, ModelSource, SettingError,
                                 check_text, resolve_settings)
 
@@ -114,6 +115,7 @@ class StopTextStream:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.tokens: list[int] = []
+        self.detok = IncrementalText(tokenizer)  # the text of `tokens` without a whole decode per push
         self.emitted = ""
         self.text = ""
         self.stopped = False
@@ -127,7 +129,8 @@ class StopTextStream:
             return "", True
         before = len(self.tokens)
         self.tokens.extend(int(t) for t in tokens)
-        text = self._decode(self.tokens)
+        self.detok.extend(self.tokens[before:])
+        text = self.detok.text()
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True

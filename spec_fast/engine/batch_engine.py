@@ -31,6 +31,7 @@ import torch
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.engine.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache, reuse_is_exact
 from spec_fast.decoding import SamplingParams
+from spec_fast.detokenize import IncrementalText
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import Proposer
@@ -158,6 +159,8 @@ class _Request:
     stats: RequestStats
     tokens: list[int] = field(default_factory=list)
     admitted: float = 0.0
+    detok: IncrementalText | None = None  # the text of `tokens`, kept up to date by _request_text
+    text_checked: int = 0  # tokens whose text the last stop-string search covered
 
 
 class BatchEngine:
@@ -388,11 +391,15 @@ class BatchEngine:
         the number of tokens up to the one whose text completed it."""
         if self.tokenizer is None:
             return None, None
-        text = self._decode(request.tokens)
+        text = self._request_text(request)
         cut = min((i for i in (text.find(s) for s in request.stop) if i >= 0), default=-1)
+        checked, request.text_checked = request.text_checked, len(request.tokens)
         if cut >= 0:
-            stop_at = next(k for k in range(1, len(request.tokens) + 1)
-                           if any(s in self._decode(request.tokens[:k]) for s in request.stop))
+            # the first token whose text completes a stop string: the text of the tokens before this step's
+            # held none (its search would have stopped the request)
+            stop_at = next((k for k in range(checked + 1, len(request.tokens) + 1)
+                            if any(s in self._decode(request.tokens[:k]) for s in request.stop)),
+                           len(request.tokens))
             return text[:cut], stop_at
         if not finished:
             text = text.rstrip("\ufffd")
@@ -405,11 +412,22 @@ class BatchEngine:
         assert self.tokenizer is not None
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
+    def _request_text(self, request: _Request) -> str:
+        """``_decode(request.tokens)``, decoding only the tokens past a settled prefix
+        (:class:`spec_fast.detokenize.IncrementalText`): a whole decode per step grew with the reply."""
+        detok = request.detok
+        if detok is None:
+            detok = request.detok = IncrementalText(self.tokenizer)
+        if len(detok.tokens) > len(request.tokens):  # a stop string cut the reply
+            detok.truncate(len(request.tokens))
+        detok.extend(request.tokens[len(detok.tokens):])
+        return detok.text()
+
     def _output(self, request: _Request, tokens: list[int], reason: str) -> RequestOutput:
         request.stats.wall_s = time.perf_counter() - request.arrival
         text = None
         if self.tokenizer is not None:
-            text = self._decode(request.tokens)
+            text = self._request_text(request)
         return RequestOutput(request.request_id, tokens, True, reason, text, _snapshot(request.stats))
 
 
