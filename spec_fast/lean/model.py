@@ -7,13 +7,12 @@ past_key_values=, output_hidden_states=, logits_to_keep=)`` returns ``.logits [B
 :class:`~spec_fast.lean.cache.LeanKVCache`). Positions are explicit and the attention mask is the engine's.
 
 One decoder layer: RMSNorm -> one fused q/k/v product -> RoPE (the HF model's own inverse frequencies and
-attention scaling, tabulated once) -> grouped-query attention over the cache without repeating keys ->
-output product -> residual; RMSNorm -> one fused gate/up product -> SiLU(gate) * up -> down product ->
-residual. Activations stay float32; only the weights change with ``weights`` (:mod:`spec_fast.lean.quant`).
-With the native kernels (:mod:`spec_fast.lean.native`) the whole layer is one C call instead.
-The module layout (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``) is HF's, so
-:func:`spec_fast.drafts.model.early_exit_model` builds an early-exit draft from a LeanLlama unchanged.
-"""
+attention scaling, tabulated once) -> grouped-query attention over the cache without repeating keys -> output
+product -> residual; RMSNorm -> one fused gate/up product -> SiLU(gate) * up -> down product -> residual.
+Activations stay float32; only the weights change with ``weights`` (:mod:`spec_fast.lean.quant`). With the
+native kernels (:mod:`spec_fast.lean.native`) every layer and the final norm run in one C call. The module
+layout (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``) is HF's, so
+:func:`spec_fast.drafts.model.early_exit_model` builds an early-exit draft from a LeanLlama unchanged."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
-from spec_fast.lean import native
+from spec_fast.lean import native, row_ops
 from spec_fast.lean.quant import KINDS, LeanLinear, column_major, hf_linears, stacked_linear
 from spec_fast.lean.watch import WatchedModule
 
@@ -419,14 +418,12 @@ class LeanLlama(WatchedModule):
             layer.self_attn.kv_cache_dtype = None if dtype == torch.float32 else dtype
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """``model.norm(x)``, computed as the native stack computes it (layer.c's norm) wherever the native
-        layers could run, so a pass gives the same bits on either path of :meth:`forward`."""
-        norm = self.model.norm
-        if x.device.type == "cpu" and x.dtype == torch.float32 and norm.weight.device.type == "cpu" \
-                and norm.weight.dtype == torch.float32 and native.available():
-            return native.rms_norm(x, norm.weight.contiguous(), norm.eps)
-        normed: torch.Tensor = norm(x)
-        return normed
+        """``model.norm(x)`` as the native stack computes it wherever that could run (both paths of
+        :meth:`forward` give the same bits)."""
+        weight, cpu = self.model.norm.weight, x.device.type == "cpu"
+        if cpu and weight.device == x.device and x.dtype == weight.dtype == torch.float32 and native.available():
+            return row_ops.rms_norm(x, weight.contiguous(), self.model.norm.eps)
+        return self.model.norm(x)  # type: ignore[no-any-return]
 
     # the HF methods the engine and the drafters call
     def get_output_embeddings(self) -> LeanLinear:
@@ -440,18 +437,10 @@ class LeanLlama(WatchedModule):
         return LeanKVCache(len(self.model.layers))
 
     @torch.no_grad()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: LeanKVCache | None = None,
-        use_cache: bool = True,
-        output_hidden_states: bool = False,
-        logits_to_keep: int = 0,
-        final_hidden_state_only: bool = False,
-        **unused: Any,
-    ) -> LeanOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: LeanKVCache | None = None,
+                use_cache: bool = True, output_hidden_states: bool = False, logits_to_keep: int = 0,
+                final_hidden_state_only: bool = False, **unused: Any) -> LeanOutput:
         """``input_ids [B, Q]`` behind the ``K - Q`` entries of ``past_key_values`` -> :class:`LeanOutput`.
 
         Args:
@@ -480,7 +469,7 @@ class LeanLlama(WatchedModule):
         x = self.model.embed_tokens(input_ids)
         every_layer = output_hidden_states and not final_hidden_state_only
         hidden: list[torch.Tensor] = [x] if every_layer else []
-        stack = None if every_layer else past_key_values.native_stack(layers, x, mask)
+        stack = None if every_layer or not layers else past_key_values.native_stack(layers, x, mask)
         if stack is not None:
             # every layer in one native call, the shared arguments checked once (the same arithmetic as the
             # loop below, without its per-layer Python), writing into a copy of x; it returns the final norm

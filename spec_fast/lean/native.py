@@ -35,14 +35,13 @@ from contextlib import contextmanager
 
 import torch
 
-from spec_fast import _sampling
 from spec_fast.lean.block_layout import (BLOCK, BLOCK_KINDS, GROUP, group_bytes, pack_blocks, select_outputs,
                                          unpack_blocks)
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
-           "LayerWeights", "amx", "available", "build", "disabled", "first_max_index", "group_bytes", "mm_blocks",
-           "mm_float32", "move_entries", "pack_blocks", "pack_float32", "rms_norm", "round_half", "run_layer",
-           "run_layers", "select_outputs", "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
+           "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
+           "move_entries", "pack_blocks", "pack_float32", "run_layer", "run_layers", "select_outputs",
+           "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
 _VERSION = 11
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
@@ -428,13 +427,15 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
     shares checked once. Python's part of :func:`run_layer` (its checks, and a model's per-layer bookkeeping
     around it) is then paid once per pass, not once per layer; the layers compute exactly what one
     :func:`run_layer` call each computes. With ``norm = (weight [H] float32, eps)`` the same call then returns
-    the final norm of the result, ``rms_norm(x, weight, eps)`` (:func:`rms_norm`'s bits), as a new ``[B, Q,
+    the final norm of the result, ``rms_norm(x, weight, eps)`` (``row_ops.rms_norm``'s bits), as a new ``[B, Q,
     H]`` tensor; otherwise None. A ``MemoryError`` can leave ``x`` partly updated: pass a copy where that
     matters."""
     lib = _library()
     assert lib is not None
     if len(stack) == 0:
-        return None if norm is None else rms_norm(x, *norm)
+        if norm is not None:
+            raise ValueError("a final norm needs at least one layer in the stack (the norm's width is the layers')")
+        return None
     layers = stack if isinstance(stack, LayerStack) else LayerStack(stack)
     _check("x", x, torch.float32, 3, contiguous=True, shape=(layers.batch, None, layers.hidden))
     batch, num_query, dim = int(x.shape[0]), int(x.shape[1]), layers.dim
@@ -467,62 +468,6 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
     if status != 0:
         raise MemoryError("the native decoder layer could not allocate its scratch memory")
     return normed
-
-
-def first_max_index(values: torch.Tensor) -> torch.Tensor:
-    """``values [R, V]`` float32 on the CPU (rows of unit stride, ``V >= 1``) -> ``[R]`` int64: each row's
-    index of its first maximum, a NaN counting as the maximum, exactly ``values.max(dim=1).indices``."""
-    lib = _library()
-    assert lib is not None
-    _check("values", values, torch.float32, 2)
-    rows, size = int(values.shape[0]), int(values.shape[1])
-    if size < 1 or (size > 1 and values.stride(1) != 1):
-        raise ValueError(f"values must be [R, V] with V >= 1 and rows of unit stride, got "
-                         f"values.shape={tuple(values.shape)}, values.stride()={values.stride()}")
-    out = torch.empty(rows, dtype=torch.int64)
-    if rows > 0:
-        lib.spec_fast_first_max(values.data_ptr(), rows, size, int(values.stride(0)), out.data_ptr())
-    return out
-
-
-def _first_max_where_loaded(values: torch.Tensor) -> torch.Tensor | None:
-    """:func:`first_max_index` where the library is loaded already and ``values`` suits it, else None (the
-    caller then reduces in torch; an argmax never builds the library)."""
-    if _STATE.get("lib") is None or values.dim() != 2 or (values.shape[1] > 1 and values.stride(1) != 1):
-        return None
-    return first_max_index(values)
-
-
-_sampling.native_first_max = _first_max_where_loaded
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x [..., H]`` float32 on the CPU -> ``x / sqrt(mean(x^2) + eps) * weight`` as the native layers
-    compute their norms (the mean accumulated in float64): a model's final norm, the same bits whether
-    :func:`run_layers` computed it or this did."""
-    lib = _library()
-    assert lib is not None
-    _check("x", x, torch.float32, x.dim() if isinstance(x, torch.Tensor) else 0)
-    size = int(x.shape[-1]) if x.dim() > 0 else 0
-    _check("weight", weight, torch.float32, 1, contiguous=True, shape=(size,))
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise ValueError(f"eps must be a float, got eps={eps!r}")
-    source = x.contiguous()
-    out = torch.empty(source.shape, dtype=torch.float32)
-    lib.spec_fast_rms_norm(source.data_ptr(), source.numel() // max(size, 1), size, weight.data_ptr(), float(eps),
-                           out.data_ptr())
-    return out
-
-
-def round_half(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (float32, CPU) rounded to float16 as the native layer stores cache entries (nearest-even)."""
-    lib = _library()
-    assert lib is not None
-    _check("x", x, torch.float32, x.dim() if isinstance(x, torch.Tensor) else 0)
-    source = x.contiguous()
-    out = torch.empty(source.shape, dtype=torch.float16)
-    lib.spec_fast_round_half(source.data_ptr(), source.numel(), out.data_ptr())
-    return out
 
 
 class CacheBuffers:

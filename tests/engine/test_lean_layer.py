@@ -23,7 +23,7 @@ import torch
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.lean import LeanLinear, LeanLlama, native
 from spec_fast.lean import cache as lean_cache
-from spec_fast.lean import watch
+from spec_fast.lean import row_ops, watch
 from tests.engine.models import tiny_llama
 from tests.engine.test_lean import _drive, tiny_qwen2
 
@@ -341,7 +341,7 @@ def test_run_layers_refuses_a_stack_whose_buffers_are_too_short_for_the_pass() -
 
 def test_the_stack_returns_the_final_norm_that_rms_norm_computes_and_torch_agrees_with() -> None:
     """``run_layers(..., norm=)`` runs the model's final norm in the same native call: its output is bit for
-    bit ``native.rms_norm`` of the layers' result (the layer-by-layer path's final norm) and, within float32
+    bit ``row_ops.rms_norm`` of the layers' result (the layer-by-layer path's final norm) and, within float32
     rounding, torch's RMSNorm; bad norm arguments are refused by name."""
     model = LeanLlama.from_hf(tiny_llama(hidden=384, heads=6, kv_heads=2))
     weights = [layer.native_weights() for layer in model.model.layers]
@@ -357,13 +357,13 @@ def test_the_stack_returns_the_final_norm_that_rms_norm_computes_and_torch_agree
     fused = x.clone()
     normed = native.run_layers(stack, fused, table, table, None, 0, norm=(norm.weight, norm.eps))
     assert normed is not None and normed.shape == x.shape and torch.equal(fused, plain)
-    assert torch.equal(normed, native.rms_norm(plain, norm.weight, norm.eps))
+    assert torch.equal(normed, row_ops.rms_norm(plain, norm.weight, norm.eps))
     expected = torch.nn.functional.rms_norm(plain, (hidden,), norm.weight, norm.eps)
     torch.testing.assert_close(normed, expected, rtol=2e-6, atol=1e-6)
     assert not torch.equal(normed, plain)  # the norm was applied
     with pytest.raises(ValueError, match=r"^norm weight must have shape \[384\]"):
         native.run_layers(stack, x.clone(), table, table, None, 0, norm=(norm.weight[:-1], norm.eps))
     with pytest.raises(ValueError, match="^weight must be torch.float32"):
-        native.rms_norm(plain, norm.weight.double(), norm.eps)
+        row_ops.rms_norm(plain, norm.weight.double(), norm.eps)
     with pytest.raises(ValueError, match="^eps must be a float"):
-        native.rms_norm(plain, norm.weight, "1e-5")  # type: ignore[arg-type]
+        row_ops.rms_norm(plain, norm.weight, "1e-5")  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spec_fast import _sampling
-from spec_fast.lean import native
+from spec_fast.lean import native, row_ops
 from tests.engine.test_native_boundary import portable  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
@@ -41,7 +41,7 @@ def rows(draw: Any) -> torch.Tensor:
 @given(rows())
 def test_the_sweep_returns_torchs_first_maximum_on_any_rows(values: torch.Tensor) -> None:
     expected = values.max(dim=1).indices
-    assert torch.equal(native.first_max_index(values), expected)
+    assert torch.equal(row_ops.first_max_index(values), expected)
     assert torch.equal(_sampling.first_max_index(values), expected)
     assert torch.equal(_sampling.first_max_index(values, keepdim=True), expected.unsqueeze(1))
 
@@ -54,10 +54,10 @@ def test_the_sweep_finds_the_first_maximum_and_the_first_nan_at_every_position()
         values[1, at] = float("nan")
         values[1, width - 1] = float("nan")
         values[1, min(at + 1, width - 1)] = 5.0
-        assert native.first_max_index(values).tolist() == [at, at]
+        assert row_ops.first_max_index(values).tolist() == [at, at]
         ties = torch.zeros(1, width)
         ties[0, at:] = 2.0  # every slot from `at` on is a maximum: the first wins
-        assert native.first_max_index(ties).tolist() == [at]
+        assert row_ops.first_max_index(ties).tolist() == [at]
     chain = torch.randn(3, 5, width, generator=torch.Generator().manual_seed(1))  # a batch of depth-4 chains
     assert torch.equal(_sampling.first_max_index(chain), chain.max(dim=-1).indices)
 
@@ -68,13 +68,13 @@ def test_the_portable_build_sweeps_alike(portable: Any) -> None:  # noqa: F811
     values[2, :] = float("-inf")
     values[3, 7] = values[3, 900] = float("inf")
     with native.using(portable):
-        assert torch.equal(native.first_max_index(values), values.max(dim=1).indices)
+        assert torch.equal(row_ops.first_max_index(values), values.max(dim=1).indices)
 
 
 def test_first_max_index_uses_the_sweep_only_where_the_library_is_loaded(monkeypatch: Any) -> None:
     calls = []
-    sweep = native.first_max_index
-    monkeypatch.setattr(native, "first_max_index", lambda values: calls.append(values.shape) or sweep(values))
+    sweep = row_ops.first_max_index
+    monkeypatch.setattr(row_ops, "first_max_index", lambda values: calls.append(values.shape) or sweep(values))
     logits = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(3))
     expected = logits.max(dim=-1).indices
     assert torch.equal(_sampling.first_max_index(logits), expected) and calls == []  # too few values
@@ -90,10 +90,10 @@ def test_first_max_index_uses_the_sweep_only_where_the_library_is_loaded(monkeyp
 
 def test_the_sweep_refuses_what_it_cannot_read() -> None:
     with pytest.raises(ValueError, match="^values must be torch.float32"):
-        native.first_max_index(torch.zeros(2, 4, dtype=torch.float64))
+        row_ops.first_max_index(torch.zeros(2, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="^values must have 2 dimensions"):
-        native.first_max_index(torch.zeros(2, 3, 4))
+        row_ops.first_max_index(torch.zeros(2, 3, 4))
     with pytest.raises(ValueError, match=r"^values must be \[R, V\] with V >= 1"):
-        native.first_max_index(torch.zeros(3, 0))
+        row_ops.first_max_index(torch.zeros(3, 0))
     with pytest.raises(ValueError, match=r"^values must be \[R, V\] with V >= 1 and rows of unit stride"):
-        native.first_max_index(torch.zeros(4, 3).t())
+        row_ops.first_max_index(torch.zeros(4, 3).t())
