@@ -178,11 +178,14 @@ def serve_ray(args: argparse.Namespace, settings: GenerateSettings, options: Ray
 
 
 def _local_ray_options(options: RayOptions, settings: GenerateSettings) -> dict[str, Any]:
-    """A small local instance: CPUs enough for every replica (an oversubscribed machine still serves, more
-    slowly), no dashboard, a small object store (requests and replies are small; Ray's default reserves 30%
-    of the machine's memory), Ray's own logs at WARNING."""
+    """A small local instance of its own (``address="local"``: a Ray instance already running on this machine
+    is not joined, where ``ray.init`` would try to and then refuse ``num_cpus`` with a ValueError), CPUs enough
+    for every replica (an oversubscribed machine still serves, more slowly), no dashboard, a small object store
+    (requests and replies are small; Ray's default reserves 30% of the machine's memory), Ray's own logs at
+    WARNING."""
     threads = int(settings.threads or 1)
-    return {"num_cpus": max(os.cpu_count() or 1, options.most_replicas * threads), "include_dashboard": False,
+    return {"address": "local", "num_cpus": max(os.cpu_count() or 1, options.most_replicas * threads),
+            "include_dashboard": False,
             "object_store_memory": 100 * 1024 * 1024, "logging_level": logging.WARNING, "configure_logging": True}
 
 

@@ -155,6 +155,23 @@ def two_node_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         cluster.shutdown()
 
 
+def test_without_an_address_the_command_starts_its_own_instance_beside_a_running_one(
+        two_node_cluster: Any, tmp_path: Path) -> None:
+    """A Ray instance already running on the machine (another user's, or another test's) is not joined: the
+    command starts its own, so that its usual one-line error still ends a failed start (``ray.init`` with
+    ``num_cpus`` used to try to join the running instance and die with a traceback, exit 1)."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    server = ServerProcess(["--model", str(empty), "--draft", "none", "--ray", "--ray-start-timeout", "180"])
+    server.start(wait=False)
+    try:
+        assert server.proc is not None and server.proc.wait(START_TIMEOUT_S) == 2, server.output()[-2000:]
+        errors = [line for line in server.output().splitlines() if line.startswith("spec-fast: error:")]
+    finally:
+        server.__exit__(None, None, None)
+    assert len(errors) == 1 and "the model failed to load" in errors[0], errors
+
+
 def alive_replicas(cluster: Any) -> dict[str, tuple[int, str]]:
     """``{actor name: (pid, node id)}`` of the live replicas, from Ray's actor table."""
     table = cluster.global_state.actor_table(None)
