@@ -19,7 +19,7 @@ _WORK = torch.float32
 F64 = torch.float64
 
 
-#: Set by :mod:`spec_fast.lean.native` when it is imported: ``values [R, V]`` (CPU float32) -> the indices
+#: Set by :mod:`spec_fast.lean.row_ops` when it is imported: ``values [R, V]`` (CPU float32) -> the indices
 #: :func:`first_max_index` returns, from its C sweep, or None where that library is not loaded.
 native_first_max: Callable[[Tensor], Tensor | None] | None = None
 #: The native sweep takes argmaxes over at least this many values (several rows of logits): over one row
