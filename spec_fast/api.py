@@ -114,12 +114,16 @@ class StopTextStream:
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
-        self.tokens: list[int] = []
-        self.detok = IncrementalText(tokenizer)  # the text of `tokens` without a whole decode per push
+        self.detok = IncrementalText(tokenizer)  # the tokens pushed and their text, without a whole decode per push
         self.emitted = ""
         self.text = ""
         self.stopped = False
         self.stop_tokens = 0  # number of tokens up to the one that completed the stop string
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens pushed so far."""
+        return self.detok.tokens
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
@@ -128,8 +132,7 @@ class StopTextStream:
         if self.stopped:
             return "", True
         before = len(self.tokens)
-        self.tokens.extend(int(t) for t in tokens)
-        self.detok.extend(self.tokens[before:])
+        self.detok.extend(tokens)
         text = self.detok.text()
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:

@@ -40,7 +40,7 @@ class IncrementalText:
         self.tokens: list[int] = []
         self.settled = 0  # tokens whose text is settled_text
         self.settled_text = ""
-        self._heads: dict[tuple[int, int], str] = {}  # the context text of the current settled point
+        self._head: tuple[int, str] | None = None  # (settled point, the text of its context tokens)
         #: full decodes made because a window's check failed (diagnostics and tests)
         self.full_decodes = 0
 
@@ -54,10 +54,9 @@ class IncrementalText:
         """``decode(tokens[:end])`` from the text of ``tokens[:settled]`` through a window, or None where the
         window's check fails."""
         start = max(0, settled - self.context)
-        head = self._heads.get((start, settled))
-        if head is None:
-            head = self._decode(self.tokens[start:settled])
-            self._heads = {(start, settled): head}
+        if self._head is None or self._head[0] != settled:
+            self._head = (settled, self._decode(self.tokens[start:settled]))
+        head = self._head[1]
         if head.endswith("\ufffd"):
             return None
         window = self._decode(self.tokens[start:end])
@@ -85,4 +84,4 @@ class IncrementalText:
         """Keep only the first ``count`` tokens (a stop string cut the reply)."""
         del self.tokens[count:]
         if self.settled > count:
-            self.settled, self.settled_text, self._heads = 0, "", {}
+            self.settled, self.settled_text, self._head = 0, "", None

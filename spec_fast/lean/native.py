@@ -188,9 +188,6 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_block_products.restype = i64
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
-        lib.spec_fast_layer.argtypes = [ctypes.POINTER(LayerWeights), ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64,
-                                        i64, i64]
-        lib.spec_fast_layer.restype = i64
         lib.spec_fast_layers.argtypes = [i64, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr,
                                          ctypes.c_double, ptr]
         lib.spec_fast_layers.restype = i64
