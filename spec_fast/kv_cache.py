@@ -106,6 +106,32 @@ class TreeKVCache:
         mask = None if plain else additive_mask(  # (a plain step skips the walk over the parameters too)
             tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query),
             next(self.model.parameters()).dtype)
+        return self._pass(tokens.clamp(min=0), positions, mask, output_hidden_states, logits_to_keep)
+
+    def forward_committed(self, tokens: torch.Tensor) -> Any:
+        """A plain decoding step's pass and commit in one: ``tokens [B, 1]`` (ids >= 0), each row's one
+        entry appended behind its context and kept. The cache, lengths and output equal those of
+        :meth:`forward` of the entries below the context followed by :meth:`commit` of every row's entry;
+        behind an unpadded context it skips their tree bookkeeping (ancestors, depths, the index rows of
+        the commit: a dozen small tensor operations per step). Between steps only (no block entries)."""
+        self._check_between_steps("forward_committed")
+        batch = self.batch_size
+        if tuple(tokens.shape) != (batch, 1):
+            raise ValueError(f"tokens must be [B, 1] = [{batch}, 1], got tokens.shape={tuple(tokens.shape)}")
+        if self.padded:  # ragged rows: the new entries are moved behind each row's context
+            out = self.forward(tokens, torch.full_like(tokens, -1))
+            self.commit(torch.zeros_like(tokens), torch.ones(batch, dtype=torch.long, device=self.device))
+            return out
+        # every row's context fills the physical slots: its entry lands right behind it, already in place
+        out = self._pass(tokens, self.lengths.unsqueeze(1), None, False, 0)
+        self.lengths = self.lengths + 1
+        self.context_size += 1
+        return out
+
+    def _pass(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+              output_hidden_states: bool, logits_to_keep: int) -> Any:
+        """The model's call over ``tokens [B, Q]`` at ``positions [B, Q]`` with the additive ``mask`` (None:
+        every slot), appending to the cache."""
         extra: dict[str, Any] = {self._cache_keyword: self.cache}
         if logits_to_keep > 0:
             extra["logits_to_keep"] = logits_to_keep
@@ -113,7 +139,7 @@ class TreeKVCache:
             extra["final_hidden_state_only"] = True
         with decode_attention_backends(tokens.device):
             out = self.model(
-                input_ids=tokens.clamp(min=0),
+                input_ids=tokens,
                 position_ids=positions,
                 attention_mask=mask,
                 use_cache=True,

@@ -52,6 +52,7 @@ from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_co
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.engine.decode_state import DecodeState
+from spec_fast.engine.plain_step import plain_step
 from spec_fast.engine.prefill import prefill_drafter, prefill_target, prefill_target_reusing
 from spec_fast.engine.prefix_cache import PrefixCache
 from spec_fast.engine.proposers import make_proposer
@@ -291,14 +292,18 @@ class SpeculativeDecoder:
         depth_cap = max(caps, default=0)
         step_start = time.perf_counter()
         st.depth_caps = caps
-        draft, dual = self._draft_phase(st, depth_cap)
-        if st.trees is not None:
-            st.trees.append(draft.tree)
         fresh = list(st.fresh)
-        target_logits, hidden = self._target_phase(st, draft)
-        verified = self._verify_phase(st, draft, dual, target_logits)
-        dual = self.proposer.after_verify(st, draft, dual, verified, target_logits, hidden)
-        new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, fresh, depth_cap)
+        plain = plain_step(st, self.proposer, self.device) if depth_cap == 0 and self.dual is None else None
+        if plain is not None:  # the same step without the tree machinery (spec_fast.engine.plain_step)
+            new_tokens, emitted_per_row = plain
+        else:
+            draft, dual = self._draft_phase(st, depth_cap)
+            if st.trees is not None:
+                st.trees.append(draft.tree)
+            target_logits, hidden = self._target_phase(st, draft)
+            verified = self._verify_phase(st, draft, dual, target_logits)
+            dual = self.proposer.after_verify(st, draft, dual, verified, target_logits, hidden)
+            new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, fresh, depth_cap)
         st.row_steps += 1
         if st.controller is not None and not any(fresh):  # the first step's timing is not a step's
             st.controller.observe(depth_cap >= 1, sum(emitted_per_row) / max(len(emitted_per_row), 1),
