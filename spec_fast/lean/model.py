@@ -25,6 +25,8 @@ from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
 from spec_fast.lean import native, row_ops
+from spec_fast.lean.one_token import one_token_logits
+from spec_fast.lean.rotary import RotaryTable, rotate
 from spec_fast.lean.quant import KINDS, LeanLinear, column_major, hf_linears, stacked_linear
 from spec_fast.lean.watch import WatchedModule
 
@@ -82,32 +84,6 @@ class RMSNorm(WatchedModule):
         return nn.functional.rms_norm(x, (int(x.shape[-1]),), self.weight, self.eps)
 
 
-class RotaryTable(nn.Module):
-    """``cos``/``sin [P, D]`` for positions ``0..P-1``, computed as HF's rotary embedding computes them."""
-
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, max_positions: int) -> None:
-        super().__init__()
-        positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
-        freqs = torch.outer(positions, inv_freq.float())
-        angles = torch.cat([freqs, freqs], dim=-1)
-        self.cos: torch.Tensor
-        self.sin: torch.Tensor
-        self.register_buffer("cos", angles.cos() * attention_scaling, persistent=False)
-        self.register_buffer("sin", angles.sin() * attention_scaling, persistent=False)
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions [B, Q]`` (below the table's length; the engine checks the context) -> ``cos, sin
-        [B, 1, Q, D]`` (broadcast over heads)."""
-        flat = positions.reshape(-1)
-        shape = (int(positions.shape[0]), 1, int(positions.shape[1]), int(self.cos.shape[1]))
-        return self.cos.index_select(0, flat).view(shape), self.sin.index_select(0, flat).view(shape)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 class Attention(WatchedModule):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, out_bias: bool) -> None:
         super().__init__()
@@ -127,7 +103,7 @@ class Attention(WatchedModule):
         batch, num_query, _ = x.shape
         dim, group = self.head_dim, self.heads // self.kv_heads
         qkv = self.qkv_proj(x).view(batch, num_query, self.heads + 2 * self.kv_heads, dim).transpose(1, 2)
-        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        rotated = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
         wide = self.attention_dtype
         stored = self.kv_cache_dtype or wide  # rounded once when stored, as the native layer does
         keys, values = cache.append(rotated[:, self.heads :].to(stored),
@@ -435,6 +411,16 @@ class LeanLlama(WatchedModule):
     def make_tree_cache(self, batch_size: int) -> LeanKVCache:
         """The cache :class:`~spec_fast.kv_cache.TreeKVCache` keeps for this model (buffers sized on first use)."""
         return LeanKVCache(len(self.model.layers))
+
+    def forward_step(self, input_ids: torch.Tensor, position: int, past_key_values: LeanKVCache) -> LeanOutput:
+        """:meth:`forward` of ``input_ids [B, 1]`` at ``position`` behind a cache of ``position`` entries per row,
+        every entry attended: the same output, with the little Python of :func:`one_token_logits` where that
+        serves the pass (a plain decoding step)."""
+        logits = one_token_logits(self, input_ids, position, past_key_values)
+        if logits is None:
+            return self.forward(input_ids, position_ids=torch.full_like(input_ids, position),
+                                past_key_values=past_key_values)
+        return LeanOutput(logits, None, past_key_values)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

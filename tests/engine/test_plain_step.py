@@ -22,7 +22,8 @@ from spec_fast.engine.adaptive import AdaptiveController
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.plain_step import plain_step
 from spec_fast.kv_cache import TreeKVCache
-from spec_fast.lean import LeanLlama
+from spec_fast.lean import LeanLlama, native
+from spec_fast.lean.one_token import one_token_logits
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama
 
@@ -196,3 +197,42 @@ def test_forward_committed_rejects_bad_tokens_and_block_entries() -> None:
     cache.commit(torch.tensor([[0, 1], [0, 1]]), torch.tensor([2, 2]), prefix_of_block=True)
     with pytest.raises(ValueError, match=r"tokens must be \[B, 1\]"):
         cache.forward_committed(torch.tensor([[1, 2], [3, 4]]))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_lean_one_token_pass_gives_forwards_bits(batch: int) -> None:
+    """The plain step's pass (spec_fast/lean/one_token.py, ``LeanLlama.forward_step``) against ``forward`` with
+    the same positions and no mask, step after step, on two caches filled alike."""
+    assert native.available()
+    torch.manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (batch, 6))
+    caches = [LEAN_TARGET.make_tree_cache(batch) for _ in range(2)]
+    for cache in caches:
+        LEAN_TARGET(prompt, past_key_values=cache)
+    step = torch.randint(0, VOCAB, (batch, 1))
+    for position in range(6, 12):
+        fast = one_token_logits(LEAN_TARGET, step, position, caches[0])
+        assert fast is not None  # the case it covers: it ran
+        reference = LEAN_TARGET(step, position_ids=torch.full_like(step, position), past_key_values=caches[1])
+        assert torch.equal(fast, reference.logits)
+        assert caches[0].get_seq_length() == caches[1].get_seq_length() == position + 1
+        step = fast[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def test_the_lean_one_token_pass_declines_what_it_does_not_cover() -> None:
+    cache = LEAN_TARGET.make_tree_cache(1)
+    LEAN_TARGET(torch.tensor([[1, 2, 3]]), past_key_values=cache)
+    token = torch.tensor([[4]])
+    assert one_token_logits(LEAN_TARGET, token, 2, cache) is None  # not the cache's length
+    full = LEAN_TARGET.make_tree_cache(1)
+    table = int(LEAN_TARGET.model.rotary.cos.shape[0])
+    LEAN_TARGET(torch.randint(0, VOCAB, (1, table)), past_key_values=full)
+    assert one_token_logits(LEAN_TARGET, token, table, full) is None  # past the rotary table
+    python_layers = LeanLlama.from_hf(HF_TARGET)
+    python_layers.use_native_layers(False)
+    other = python_layers.make_tree_cache(1)
+    python_layers(torch.tensor([[1, 2, 3]]), past_key_values=other)
+    assert one_token_logits(python_layers, token, 3, other) is None
+    # forward_step still serves those cases, through forward
+    out = python_layers.forward_step(token, 3, other)
+    assert out.logits.shape == (1, 1, VOCAB) and other.get_seq_length() == 4
