@@ -56,7 +56,8 @@ class DraftBatch:
 
     * ``tree``: :class:`FlatTree` (``tokens``, ``parents``, ``depths``, ``draws``, ``valid`` ``[B, N]``);
     * ``draft_probs [B, N, V]`` float32: the law each node's draws were sampled from (zero rows for nodes
-      without draws); ``None`` for a root-only batch;
+      without draws); ``None`` where verification reads no law: a root-only batch, a greedy chain (every
+      row at temperature 0);
     * ``confidences [B, N]`` float32: product of the draft probabilities along the path to the node (root
       1; ``spec_ref.ScoredDraftTree.confidences``); meaningful for deterministic trees only (0 on sampled
       trees);

@@ -66,11 +66,13 @@ def draft_chain(
         draws=torch.cat([drafted, pad], dim=1).unsqueeze(-1),
         valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
     )
+    draft_probs: torch.Tensor | None
     if greedy:
-        # what the general branch computes from argmax_law: one-hot rows at the drafted tokens, then a row of
-        # zeros; every q(x_d) is 1
-        draft_probs = torch.zeros(batch, depth + 1, int(logits.shape[-1]), dtype=torch.float32, device=device)
-        draft_probs[:, :depth].scatter_(2, drafted.unsqueeze(2), 1.0)
+        # every row is greedy (argmax_law is the law of all-greedy batches alone), so verification compares
+        # tokens with the target's argmax and reads no q: the one-hot rows of argmax_law are not built (a
+        # [B, depth + 1, V] tensor written, then masked again by cap_rows, at every drafted step); every
+        # q(x_d) is 1
+        draft_probs = None
         confidences = torch.ones(batch, depth + 1, device=device)
     else:
         law = torch.stack(qs, dim=1)  # [B, D, V]

@@ -63,11 +63,13 @@ def test_a_self_draft_accepts_every_token_and_stays_exact() -> None:
 
 
 def test_a_greedy_chain_drafts_what_the_general_chain_drafts_from_the_one_hot_law() -> None:
-    """The greedy chain builder skips the one-hot law's draw and builds its law from the drafted tokens; a law
-    function that returns the same one-hot law but is not ``argmax_law`` itself takes the general path (a draw
-    per level, the law stacked from each level's), and every field of the two drafts is equal."""
+    """The greedy chain builder skips the one-hot law's draw and builds no law (greedy verification reads
+    none); a law function that returns the same one-hot law but is not ``argmax_law`` itself takes the general
+    path (a draw per level, the law stacked from each level's). Every other field of the two drafts is equal,
+    the general law is the one-hot law of the drafted tokens, and greedy verification accepts the same."""
     from spec_fast.decoding import SamplingParams
     from spec_fast.drafts.batch import argmax_law
+    from spec_fast.engine.step_verify import verify_rows
 
     target = tiny_llama(seed=4)
     decoder = SpeculativeDecoder(target, ModelDrafter(tiny_llama(seed=5)), parse_strategy("chain:4"))
@@ -80,11 +82,21 @@ def test_a_greedy_chain_drafts_what_the_general_chain_drafts_from_the_one_hot_la
     fast, general = drafts
     for name in ("tokens", "parents", "depths", "draws", "valid"):
         assert torch.equal(getattr(fast.tree, name), getattr(general.tree, name)), name
-    assert fast.draft_probs is not None and general.draft_probs is not None
-    assert fast.draft_probs.dtype == general.draft_probs.dtype == torch.float32
-    for name in ("draft_probs", "confidences", "entries", "tokens_in"):
+    assert fast.draft_probs is None and general.draft_probs is not None
+    one_hot = torch.zeros_like(general.draft_probs)
+    one_hot[:, :4].scatter_(2, general.tree.tokens[:, 1:].unsqueeze(2), 1.0)
+    assert torch.equal(general.draft_probs, one_hot)
+    for name in ("confidences", "entries", "tokens_in"):
         assert torch.equal(getattr(fast, name), getattr(general, name)), name
     assert (fast.pending_width, fast.max_depth, fast.chain) == (general.pending_width, general.max_depth, general.chain)
+    state.depth_caps = [4, 4]
+    torch.manual_seed(0)
+    target_logits = torch.randn(2, 5, 64)
+    target_logits[:, :2].scatter_(2, fast.tree.tokens[:, 1:3].unsqueeze(2), 10.0)  # the first two levels accepted
+    verified = [verify_rows(state, draft, target_logits, lambda *a: None) for draft in (fast, general)]
+    for name in ("accepted_slots", "accepted_depth", "next_token"):
+        assert torch.equal(getattr(verified[0], name), getattr(verified[1], name)), name
+    assert int(verified[0].accepted_depth.min()) >= 2
 
 
 @pytest.mark.parametrize("strategy", ["ar", "chain:3"])
