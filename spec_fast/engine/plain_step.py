@@ -49,8 +49,9 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
     roots = st.roots
     out = st.target_cache.forward_committed(torch.tensor(roots, dtype=torch.long, device=device).unsqueeze(1))
     logits = out.logits[:, 0]  # [B, V]
-    if greedy:
-        next_tokens = first_max_index(logits)
+    if greedy:  # the model's own argmax where its pass computed one with the logits (spec_fast.lean)
+        best = getattr(out, "first_max", None)
+        next_tokens = best if best is not None else first_max_index(logits)
     else:  # node 0's first uniform of the step, as verify_rows draws a plain row's token
         streams = VerifyStreams(st.verify_keys, st.verify_offsets())
         next_tokens = _inverse_cdf(target_probs(logits, samplings), streams.uniforms((batch, 1, 1))[:, 0, 0])

@@ -37,6 +37,7 @@ void spec_fast_mm_f32(const float *x, int64_t m_size, int64_t ldx, int64_t k_siz
                       int64_t n_size, float *y, int64_t ldy, int64_t threads);
 int64_t spec_fast_mm_blocks(int64_t kind, const float *x, int64_t m_size, int64_t ldx, int64_t k_size,
                             const uint8_t *packed, int64_t n_size, float *y, int64_t ldy, int64_t threads);
+void spec_fast_first_max(const float *x, int64_t rows, int64_t size, int64_t ldx, int64_t *out);
 
 #define LANES 16
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
@@ -598,6 +599,29 @@ int64_t spec_fast_layers(int64_t count, const spec_fast_layer_weights *const *we
             return -1;
     }
     if (norm != NULL && count > 0) rms_norm(x, batch * num_query, weights[0]->hidden, norm, eps, normed);
+    return 0;
+}
+
+/* spec_fast_layers with the final norm (into normed), then the logits of every row, logits [rows, vocab] =
+ * the block product of normed with the head's `head_kind` blocks (spec_fast_mm_blocks, the bits of that call on
+ * its own), then, with first_max not NULL, each row's index of its first maximum logit (spec_fast_first_max's).
+ * A plain decoding step's whole pass in one call: the separate head product and argmax each found their Python
+ * and dispatch paths out of the caches after the layers' weights had streamed through them. Returns 0, or -1
+ * when scratch memory could not be allocated (x is then partly updated). */
+int64_t spec_fast_layers_head(int64_t count, const spec_fast_layer_weights *const *weights, float *x, int64_t batch,
+                              int64_t num_query, const float *cos, const float *sin, const float *mask, int64_t past,
+                              void *const *keys, void *const *values, const int64_t *capacities,
+                              const int64_t *halves, int64_t threads, const float *norm, double eps, float *normed,
+                              int64_t head_kind, const uint8_t *head, int64_t vocab, float *logits,
+                              int64_t *first_max) {
+    if (count < 1 || norm == NULL) return -1;
+    if (spec_fast_layers(count, weights, x, batch, num_query, cos, sin, mask, past, keys, values, capacities, halves,
+                         threads, norm, eps, normed) != 0)
+        return -1;
+    const int64_t rows = batch * num_query, hidden = weights[0]->hidden;
+    if (spec_fast_mm_blocks(head_kind, normed, rows, hidden, hidden, head, vocab, logits, vocab, threads) != 0)
+        return -1;
+    if (first_max != NULL && rows > 0 && vocab > 0) spec_fast_first_max(logits, rows, vocab, vocab, first_max);
     return 0;
 }
 

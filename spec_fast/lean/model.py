@@ -47,6 +47,9 @@ class LeanOutput:
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None
     past_key_values: LeanKVCache
+    #: ``[B]``: each row's index of its first maximum logit of the last entry, where the pass computed it
+    #: with the logits (:meth:`LeanLlama.forward_step`), else None
+    first_max: torch.Tensor | None = None
 
 
 def supports(model: Any) -> str | None:
@@ -415,12 +418,12 @@ class LeanLlama(WatchedModule):
     def forward_step(self, input_ids: torch.Tensor, position: int, past_key_values: LeanKVCache) -> LeanOutput:
         """:meth:`forward` of ``input_ids [B, 1]`` at ``position`` behind a cache of ``position`` entries per row,
         every entry attended: the same output, with the little Python of :func:`one_token_logits` where that
-        serves the pass (a plain decoding step)."""
-        logits = one_token_logits(self, input_ids, position, past_key_values)
-        if logits is None:
+        serves the pass (a plain decoding step; then ``first_max`` too, with a head of GGUF blocks)."""
+        done = one_token_logits(self, input_ids, position, past_key_values)
+        if done is None:
             return self.forward(input_ids, position_ids=torch.full_like(input_ids, position),
                                 past_key_values=past_key_values)
-        return LeanOutput(logits, None, past_key_values)
+        return LeanOutput(done[0], None, past_key_values, done[1])
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -6,7 +6,8 @@ at one position, the cache's length, attending to every cached entry. :meth:`Lea
 the position and mask handling of a tree pass and the head's generic product: about fifteen Python calls
 and small tensor operations that cost 0.1-0.2 ms per step on one CPU thread after the weights streamed
 through the caches. :func:`one_token_logits` computes the same logits (the same embedding rows, rotary
-rows, native layer stack with the final norm, and head product: the same bits) for the case it covers.
+rows, native layer stack with the final norm, and head product: the same bits) for the case it covers, with a
+head of GGUF blocks in the same native call as the layers, together with each row's argmax.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from spec_fast.lean import native
 __all__ = ["one_token_logits"]
 
 
-def one_token_logits(model: Any, input_ids: torch.Tensor, position: int, cache: Any) -> torch.Tensor | None:
-    """``model``'s logits ``[B, 1, V]`` for ``input_ids [B, 1]`` at ``position`` behind ``cache``'s
-    ``position`` entries per row, every entry attended (the new ones appended to ``cache``), or None, with
-    nothing done, where the one native call cannot serve the pass (not every layer native, not on the CPU,
-    the cache not ``position`` entries long): the caller then runs ``model.forward``."""
+def one_token_logits(model: Any, input_ids: torch.Tensor, position: int, cache: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(logits [B, 1, V], first maxima [B] or None)`` of ``model`` for ``input_ids [B, 1]`` at ``position``
+    behind ``cache``'s ``position`` entries per row, every entry attended (the new ones appended to
+    ``cache``), or None, with nothing done, where the one native call cannot serve the pass (not every layer
+    native, not on the CPU, the cache not ``position`` entries long): the caller then runs ``model.forward``.
+    With a head of GGUF blocks the same native call computes the logits and each row's index of its first
+    maximum logit (``first_max_index``'s), else the head's product follows and the maxima are None."""
     body = model.model
     layers: list[Any] = list(body.layers)
     embedding = body.embed_tokens.weight
@@ -40,9 +44,44 @@ def one_token_logits(model: Any, input_ids: torch.Tensor, position: int, cache: 
     cos, sin = body.rotary.cos[position], body.rotary.sin[position]  # [D]: every row's position
     if batch > 1:
         cos, sin = cos.expand(batch, -1).contiguous(), sin.expand(batch, -1).contiguous()
-    normed = native.run_layers(stack, x, cos, sin, None, position, norm=(body.norm.weight, body.norm.eps))
-    assert normed is not None
+    head = model.lm_head
+    if head.packed is not None and head.kind in native.BLOCK_KINDS and head.bias is None:
+        logits, first_max = _layers_and_head(stack, x, cos, sin, position, body.norm, head)
+    else:
+        normed = native.run_layers(stack, x, cos, sin, None, position, norm=(body.norm.weight, body.norm.eps))
+        assert normed is not None
+        logits, first_max = head(normed), None
     for layer_cache in cache.layers:
         layer_cache.key_length = layer_cache.value_length = position + 1
-    logits: torch.Tensor = model.lm_head(normed)
-    return logits
+    return logits, first_max
+
+
+def _layers_and_head(stack: native.LayerStack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: int,
+                     norm: Any, head: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``native.run_layers(stack, x [B, 1, H], cos, sin, None, past, norm=(norm.weight, norm.eps))`` and then
+    ``head``'s product and the first maxima, in one native call (``spec_fast_layers_head``): ``(logits [B, 1,
+    V], [B])``. The arguments are the ones :func:`one_token_logits` built; the head's blocks are checked here."""
+    lib = native._library()
+    assert lib is not None
+    packed, vocab = head.packed, int(head.out_features)
+    hidden = int(x.shape[-1])
+    native._check("head", packed, torch.uint8, 3, contiguous=True, shape=(None, None, native.group_bytes(head.kind)))
+    if int(packed.shape[1]) * native.GROUP != hidden or not 0 < vocab <= int(packed.shape[0]) * native.BLOCK:
+        raise ValueError(f"the head's blocks {tuple(packed.shape)} do not fit {vocab} outputs of {hidden} inputs")
+    weight = norm.weight
+    native._check("norm weight", weight, torch.float32, 1, contiguous=True, shape=(hidden,))
+    if stack.capacity < past + 1 or stack.batch != int(x.shape[0]) or stack.hidden != hidden:
+        raise ValueError(f"the stack (batch {stack.batch}, {stack.capacity} slots) cannot take x {tuple(x.shape)} "
+                         f"behind {past} entries")
+    rows = int(x.shape[0])
+    normed = torch.empty(x.shape, dtype=torch.float32)
+    logits = torch.empty(rows, 1, vocab, dtype=torch.float32)
+    first_max = torch.empty(rows, dtype=torch.int64)
+    status = lib.spec_fast_layers_head(
+        len(stack), stack._weights, x.data_ptr(), rows, 1, cos.data_ptr(), sin.data_ptr(), None, past, stack._keys,
+        stack._values, stack._capacities, stack._halves, torch.get_num_threads(), weight.data_ptr(), float(norm.eps),
+        normed.data_ptr(), native.BLOCK_KINDS[head.kind], packed.data_ptr(), vocab, logits.data_ptr(),
+        first_max.data_ptr())
+    if status != 0:
+        raise MemoryError("the native decoder layers or head could not allocate their scratch memory")
+    return logits, first_max

@@ -8,6 +8,7 @@ lengths. Each case also counts the steps the shortcut took, so a shortcut that n
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -22,7 +23,9 @@ from spec_fast.engine.adaptive import AdaptiveController
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.plain_step import plain_step
 from spec_fast.kv_cache import TreeKVCache
+from spec_fast._sampling import first_max_index
 from spec_fast.lean import LeanLlama, native
+from spec_fast.lean.quant import LeanLinear
 from spec_fast.lean.one_token import one_token_logits
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama
@@ -199,24 +202,57 @@ def test_forward_committed_rejects_bad_tokens_and_block_entries() -> None:
         cache.forward_committed(torch.tensor([[1, 2], [3, 4]]))
 
 
+def with_block_head(model: LeanLlama) -> LeanLlama:
+    """A copy of ``model`` whose head is Q8_0 blocks (the default model's head format)."""
+    torch.manual_seed(2)
+    blocks = copy.deepcopy(model)
+    head = blocks.lm_head
+    values = torch.randint(-128, 128, (head.out_features, head.in_features), dtype=torch.int8)
+    scales = (torch.rand(head.out_features, head.in_features // native.GROUP) * 0.05).half().float()
+    blocks.lm_head = LeanLinear.from_blocks("q8_0", values, scales, None)
+    return blocks
+
+
+BLOCK_HEAD_TARGET = with_block_head(LEAN_TARGET)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_lean_one_token_pass_gives_forwards_bits(batch: int) -> None:
+@pytest.mark.parametrize("target", [LEAN_TARGET, BLOCK_HEAD_TARGET], ids=["float32-head", "q8_0-head"])
+def test_the_lean_one_token_pass_gives_forwards_bits(batch: int, target: LeanLlama) -> None:
     """The plain step's pass (spec_fast/lean/one_token.py, ``LeanLlama.forward_step``) against ``forward`` with
-    the same positions and no mask, step after step, on two caches filled alike."""
+    the same positions and no mask, step after step, on two caches filled alike; with a head of blocks the one
+    native call's first maxima are ``first_max_index`` of its logits."""
     assert native.available()
     torch.manual_seed(1)
     prompt = torch.randint(0, VOCAB, (batch, 6))
-    caches = [LEAN_TARGET.make_tree_cache(batch) for _ in range(2)]
+    caches = [target.make_tree_cache(batch) for _ in range(2)]
     for cache in caches:
-        LEAN_TARGET(prompt, past_key_values=cache)
+        target(prompt, past_key_values=cache)
     step = torch.randint(0, VOCAB, (batch, 1))
     for position in range(6, 12):
-        fast = one_token_logits(LEAN_TARGET, step, position, caches[0])
-        assert fast is not None  # the case it covers: it ran
-        reference = LEAN_TARGET(step, position_ids=torch.full_like(step, position), past_key_values=caches[1])
+        done = one_token_logits(target, step, position, caches[0])
+        assert done is not None  # the case it covers: it ran
+        fast, first_max = done
+        reference = target(step, position_ids=torch.full_like(step, position), past_key_values=caches[1])
         assert torch.equal(fast, reference.logits)
+        if target is BLOCK_HEAD_TARGET:
+            assert first_max is not None and torch.equal(first_max, first_max_index(fast[:, -1]))
+        else:
+            assert first_max is None
         assert caches[0].get_seq_length() == caches[1].get_seq_length() == position + 1
         step = fast[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def test_a_plain_step_takes_the_models_own_argmax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy plain decoding on a head of blocks reads the maxima the model's pass computed (no argmax over the
+    logits after it) and gives the tokens of the general step, which takes the argmax itself."""
+    decoder = SpeculativeDecoder(BLOCK_HEAD_TARGET, None, parse_strategy("ar"))
+    reductions = []
+    import spec_fast.engine.plain_step as plain_module
+    monkeypatch.setattr(plain_module, "first_max_index", lambda *a: reductions.append(1) or first_max_index(*a))
+    prompts = [PROMPTS[0], PROMPTS[0][::-1]]  # rows of one length: an unpadded cache, the one-call pass
+    fast, general, counted = both_ways(monkeypatch, lambda: decoder.generate(prompts, max_new_tokens=12).tokens)
+    assert fast == general and counted.taken >= 5 and not reductions
 
 
 def test_the_lean_one_token_pass_declines_what_it_does_not_cover() -> None:
