@@ -34,14 +34,17 @@ def draft_chain(
     to its own depth.
     """
     batch = len(pending)
-    logits, width = pending_forward(drafter, state, pending, device)
-    # argmax_law's one-hot law is built from the tokens below, once for all levels
     greedy = draft_law is argmax_law
+    # a drafter that gives a greedy level's argmax without its logits (retrieval: its law is a few matched ids)
+    greedy_next = getattr(drafter, "greedy_next", None) if greedy else None
+    logits, width = pending_forward(drafter, state, pending, device, argmax=greedy_next is not None)
     tokens: list[torch.Tensor] = []  # [B] per depth
     qs: list[torch.Tensor] = []  # [B, V] per depth
     entries = [width - 1]
     for level in range(depth):
-        if greedy:
+        if greedy_next is not None:
+            token = logits  # [B]: the level's argmax itself
+        elif greedy:
             token = first_max_index(logits[:, 0])
         else:
             q = draft_law(logits)[:, 0]
@@ -52,7 +55,7 @@ def draft_chain(
             break
         base = drafter.num_block(state)
         parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=device)
-        logits = drafter.forward(state, token.unsqueeze(1), parent)
+        logits = (greedy_next if greedy_next is not None else drafter.forward)(state, token.unsqueeze(1), parent)
         entries.append(base)
         depths = drafter.chain_depths(state, entries)
         if depths is not None and max(depths, default=0) < level + 2:

@@ -283,10 +283,31 @@ class RetrievalDrafter(Drafter):
         lengths are recorded as -1): a builder's pending tokens need the root's law only."""
         return self._forward(state, tokens, parents, last_only=True)
 
+    def greedy_next(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """``first_max_index`` of :meth:`forward_last`'s logits (``[B]`` long: the lowest id of the largest
+        match weight at the last entry), recording the same block and match lengths, without building the
+        ``[B, 1, V]`` logits: a greedy chain's level (:func:`spec_fast.drafts.chain.draft_chain`)."""
+        laws = self._laws(state, tokens, parents, last_only=True)
+        # ids ascend (np.unique), so np.argmax's first maximum is the lowest id, as the dense argmax's is; an
+        # empty law (a datastore without followers) is all -inf there, whose first maximum is id 0
+        best = [int(ids[int(np.argmax(weights))]) if len(ids) else 0 for _, _, ids, weights in laws]
+        return torch.tensor(best, dtype=torch.long, device=tokens.device)
+
     def _forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor, last_only: bool) -> torch.Tensor:
         batch, num_query = tokens.shape
-        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
         logits = torch.full((batch, 1 if last_only else num_query, self.vocab_size), -math.inf)
+        for b, q, ids, weights in self._laws(state, tokens, parents, last_only):
+            logits[b, q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights)).float()
+        return logits.to(tokens.device)
+
+    def _laws(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor, last_only: bool
+              ) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Append ``tokens``/``parents [B, Q]`` to each row's block and return ``(row, column, ids, weights)``
+        of the law below every entry (the last alone with ``last_only``: the others' match lengths are
+        recorded as -1)."""
+        batch, num_query = tokens.shape
+        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
+        laws = []
         for b in range(batch):
             btoks, bpars, blens = state.block_tokens[b], state.block_parents[b], state.match_lengths[b]
             for q in range(num_query):
@@ -302,9 +323,9 @@ class RetrievalDrafter(Drafter):
                     node = bpars[node]
                 m, ids, weights = self.sparse_law(state.committed[b] + path[::-1])
                 blens.append(m)
-                logits[b, 0 if last_only else q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights)).float()
+                laws.append((b, 0 if last_only else q, ids, weights))
         state.passes += 1
-        return logits.to(tokens.device)
+        return laws
 
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         # one host read for both: the counts ride as the last column

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_fast._sampling import first_max_index
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.drafts.heads import HeadDrafter
 from spec_fast.drafts.retrieval import (
@@ -281,3 +282,46 @@ def test_a_deep_match_chain_ends_where_the_match_ends_and_keeps_the_drafters_tex
     widths = [(tree.num_slots, int(tree.depths.masked_fill(~tree.valid, 0).max())) for tree in one.trees]
     assert all(slots == depth + 1 for slots, depth in widths)
     assert 1 in {depth for _, depth in widths} and max(depth for _, depth in widths) > 1
+
+
+@given(sequences, st.lists(st.lists(tokens, min_size=1, max_size=10), min_size=1, max_size=3),
+       st.lists(st.lists(tokens, min_size=1, max_size=3), min_size=1, max_size=3), st.booleans())
+def test_greedy_next_is_the_argmax_of_the_last_entrys_logits(seqs: list[list[int]], committed: list[list[int]],
+                                                             blocks: list[list[int]], with_index: bool) -> None:
+    """``greedy_next`` (a greedy chain's level without the dense logits) against ``first_max_index`` of
+    ``forward_last``'s logits, on two states alike: the same tokens, block and match lengths (ties, own-text
+    matches, the unigram law and the uniform law without a datastore included)."""
+    drafter = RetrievalDrafter(SuffixIndex(seqs, VOCAB, 4) if with_index else None, VOCAB, 4)
+    rows = len(committed)
+    width = max(len(b) for b in blocks)
+    block = [(blocks[r % len(blocks)] * width)[:width] for r in range(rows)]
+    tokens_in = torch.tensor(block)
+    parents = torch.arange(-1, width - 1).expand(rows, width).contiguous()
+    states = []
+    for _ in range(2):
+        state = drafter.begin(rows, torch.device("cpu"))
+        state.committed = [list(c) for c in committed]
+        states.append(state)
+    fast = drafter.greedy_next(states[0], tokens_in, parents)
+    dense = drafter.forward_last(states[1], tokens_in, parents)
+    assert torch.equal(fast, first_max_index(dense[:, 0]))
+    for name in ("block_tokens", "block_parents", "match_lengths", "passes"):
+        assert getattr(states[0], name) == getattr(states[1], name), name
+
+
+@pytest.mark.parametrize("strategy", ["chain:4", "chain:2"])
+def test_a_greedy_retrieval_chain_drafts_the_same_with_and_without_its_argmax_shortcut(
+        monkeypatch: pytest.MonkeyPatch, strategy: str) -> None:
+    target = tiny_llama(vocab_size=32, seed=3)
+    index = SuffixIndex([[1, 5, 7, 9, 3, 2, 2, 8, 1, 5], [4, 2, 6, 6, 1, 5, 7]], 32, 4)
+    drafter = RetrievalDrafter(index, 32, 4, path_acceptance=0.2)
+    runs = []
+    for shortcut in (True, False):
+        if not shortcut:
+            monkeypatch.setattr(RetrievalDrafter, "greedy_next", None)
+        decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
+        result = decoder.generate([[1, 5, 7, 9], [4, 2, 6]], max_new_tokens=24, record_trees=True)
+        runs.append((result.tokens, [t.tokens.tolist() for t in result.trees], result.metrics.accepted_length_histogram,
+                     result.metrics.depth_reached))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][3]) > 0  # chains were drafted
