@@ -8,6 +8,8 @@ its strategy's depth. The cells take turns in blocks of ``--block`` steps, ``--r
 every other round), so that a slow phase of the shared machine weighs on all of them alike; the two depths of
 the default at a row count take turns on one engine, so they are timed at the same context lengths. Each
 phase's ms per step is the median over the rounds. Phases: drafting, the target pass (within it the native decoder layers and the LM head product),
+a plain step (a step without drafts, spec_fast/engine/plain_step.py: its pass, then the verification and commit
+of a one-node tree inline; its pass with a head of blocks is one native call of layers and head),
 verification, the commit (within it the native move of ragged rows' kept entries), and the whole engine step.
 The same run also measures the step table the batch-aware default reads
 (``spec_fast.engine.batch_depth.measure_step_cost``), to set its ratios beside the ones of real decoding.
@@ -37,15 +39,18 @@ from spec_fast.api import load_decoder  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.engine.batch_depth import forcing, measure_step_cost  # noqa: E402
 from spec_fast.engine.batch_engine import BatchEngine  # noqa: E402
+import spec_fast.engine.decoder as decoder_module  # noqa: E402
 from spec_fast.engine.decoder import SpeculativeDecoder  # noqa: E402
+from spec_fast.kv_cache import TreeKVCache  # noqa: E402
+from spec_fast.lean import one_token  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
 from spec_fast.models import chat_prompt_ids  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
 
 #: (label, key) of each timed phase, in the order of a step
-PHASES = (("draft", "draft"), ("target pass", "target"), ("  native layers", "layers"),
-          ("  LM head", "lm_head"), ("verify", "verify"), ("commit", "commit"), ("  ragged move", "move"),
-          ("engine step", "step"))
+PHASES = (("draft", "draft"), ("target pass", "target"), ("plain step", "plain"), ("  its pass", "plain_pass"),
+          ("native layers", "layers"), ("LM head", "lm_head"), ("layers + head in one call", "fused"),
+          ("verify", "verify"), ("commit", "commit"), ("  ragged move", "move"), ("engine step", "step"))
 
 
 class PhaseTimer:
@@ -110,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             engines[key] = engine
 
     timer = PhaseTimer()
+    # a step without drafts runs as one plain step (spec_fast/engine/plain_step.py: its pass, then the
+    # verification and commit of a one-node tree inline), its pass with a head of blocks as one native call
     for owner, name, key in ((SpeculativeDecoder, "_draft_phase", "draft"), (SpeculativeDecoder, "_target_phase", "target"),
+                             (decoder_module, "plain_step", "plain"), (TreeKVCache, "forward_committed", "plain_pass"),
                              (native, "run_layers", "layers"), (native, "mm_blocks", "lm_head"),
+                             (one_token, "_layers_and_head", "fused"),
                              (SpeculativeDecoder, "_verify_phase", "verify"), (SpeculativeDecoder, "_commit_phase", "commit"),
                              (native, "move_entries", "move"), (BatchEngine, "step", "step")):
         timer.wrap(owner, name, key)
@@ -176,15 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows_out:
         lines.append(f"| {r['cell']} | {r['tokens_per_step']:.2f} | "
                      + " | ".join(f"{r['ms'][key]:.2f}" for _, key in PHASES) + " |")
-    lines += ["", "ms per step (median over the rounds); indented phases are parts of the one above them."]
+    lines += ["", "ms per step (median over the rounds); indented phases are parts of the one above them; native "
+              "layers, LM head and the one call are parts of whichever pass ran them."]
 
     def plot(plt: Any) -> Any:
         fig, ax = plt.subplots(figsize=(8, 3.6))
         parts: list[tuple[str, Callable[[dict[str, float]], float]]] = [
             ("native layers", lambda m: m["layers"]), ("LM head", lambda m: m["lm_head"]),
-            ("rest of the pass", lambda m: m["target"] - m["layers"] - m["lm_head"]),
+            ("layers + head, one call", lambda m: m["fused"]),
+            ("rest of the pass", lambda m: m["target"] + m["plain_pass"] - m["layers"] - m["lm_head"] - m["fused"]),
+            ("plain step's verify and commit", lambda m: m["plain"] - m["plain_pass"]),
             ("draft", lambda m: m["draft"]), ("verify", lambda m: m["verify"]), ("commit", lambda m: m["commit"]),
-            ("engine", lambda m: m["step"] - m["target"] - m["draft"] - m["verify"] - m["commit"])]
+            ("engine", lambda m: m["step"] - m["target"] - m["plain"] - m["draft"] - m["verify"] - m["commit"])]
         bottom = [0.0] * len(rows_out)
         for label, part in parts:
             values = [max(0.0, part(r["ms"])) for r in rows_out]
