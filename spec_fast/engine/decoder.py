@@ -293,7 +293,7 @@ class SpeculativeDecoder:
         step_start = time.perf_counter()
         st.depth_caps = caps
         fresh = list(st.fresh)
-        plain = plain_step(st, self.proposer, self.device) if depth_cap == 0 and self.dual is None else None
+        plain = plain_step(st, self.proposer, self.device) if depth_cap == 0 else None
         if plain is not None:  # the same step without the tree machinery (spec_fast.engine.plain_step)
             new_tokens, emitted_per_row = plain
         else:

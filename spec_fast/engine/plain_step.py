@@ -23,8 +23,7 @@ from spec_fast._sampling import _inverse_cdf, first_max_index
 from spec_fast.drafts.proposer import PlainProposer, Proposer
 from spec_fast.engine.commit import advance_head
 from spec_fast.engine.decode_state import DecodeState
-from spec_fast.engine.step_verify import VerifyStreams, target_probs
-from spec_fast.verify.tree import Verified
+from spec_fast.engine.step_verify import VerifyStreams, _root_only, target_probs
 
 __all__ = ["plain_step"]
 
@@ -57,8 +56,7 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
         next_tokens = _inverse_cdf(target_probs(logits, samplings), streams.uniforms((batch, 1, 1))[:, 0, 0])
     accepted = [0] * batch
     if type(proposer).after_commit is not PlainProposer.after_commit:
-        slots = torch.full((batch, 1), 0, dtype=torch.long, device=device)
-        proposer.after_commit(st, None, Verified(slots, torch.zeros_like(next_tokens), next_tokens), accepted)
+        proposer.after_commit(st, None, _root_only(next_tokens, 0), accepted)
     chosen: list[int] = next_tokens.tolist()
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     for b in range(batch):

@@ -32,6 +32,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -39,8 +40,8 @@ from spec_fast.lean.block_layout import (BLOCK, BLOCK_KINDS, GROUP, group_bytes,
                                          unpack_blocks)
 
 __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAYER_KINDS", "LayerStack",
-           "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "mm_blocks", "mm_float32",
-           "move_entries", "pack_blocks", "pack_float32", "run_layer", "run_layers", "select_outputs",
+           "LayerWeights", "amx", "available", "build", "disabled", "group_bytes", "layers_arguments", "mm_blocks",
+           "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer", "run_layers", "select_outputs",
            "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
 _VERSION = 12
@@ -422,19 +423,27 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
                cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | None:
     """The decoder layers ``stack`` (a :class:`LayerStack`, or the ``(weights, keys, values)`` of one, each as
-    in :func:`run_layer`) one after another over ``x`` in place, in one native call, the arguments every layer
-    shares checked once. Python's part of :func:`run_layer` (its checks, and a model's per-layer bookkeeping
-    around it) is then paid once per pass, not once per layer; the layers compute exactly what one
-    :func:`run_layer` call each computes. With ``norm = (weight [H] float32, eps)`` the same call then returns
-    the final norm of the result, ``rms_norm(x, weight, eps)`` (``row_ops.rms_norm``'s bits), as a new ``[B, Q,
-    H]`` tensor; otherwise None. A ``MemoryError`` can leave ``x`` partly updated: pass a copy where that
-    matters."""
+    in :func:`run_layer`) one after another over ``x`` in place, in one native call (the shared arguments
+    checked once per pass, not per layer; each layer computes what one :func:`run_layer` call computes). With
+    ``norm = (weight [H] float32, eps)`` it returns the final norm of the result (``row_ops.rms_norm``'s bits)
+    as a new ``[B, Q, H]`` tensor, else None. A ``MemoryError`` can leave ``x`` partly updated."""
     lib = _library()
     assert lib is not None
     if len(stack) == 0:
         if norm is not None:
             raise ValueError("a final norm needs at least one layer in the stack (the norm's width is the layers')")
         return None
+    arguments, normed = layers_arguments(stack, x, cos, sin, mask, past, norm)
+    if lib.spec_fast_layers(*arguments) != 0:
+        raise MemoryError("the native decoder layer could not allocate its scratch memory")
+    return normed
+
+
+def layers_arguments(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
+                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int,
+                     norm: tuple[torch.Tensor, float] | None) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+    """:func:`run_layers`' arguments (at least one layer), checked, as ``spec_fast_layers``' (the first
+    arguments of every native call that starts with the layers) and the final norm's new tensor (or None)."""
     layers = stack if isinstance(stack, LayerStack) else LayerStack(stack)
     _check("x", x, torch.float32, 3, contiguous=True, shape=(layers.batch, None, layers.hidden))
     batch, num_query, dim = int(x.shape[0]), int(x.shape[1]), layers.dim
@@ -452,21 +461,16 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
                              f"mask.shape={tuple(mask.shape)}")
     if layers.capacity < past + num_query:
         raise ValueError(f"keys must hold at least past + Q = {past + num_query} slots, got {layers.capacity}")
-    threads = torch.get_num_threads()
-    x_data, cos_data, sin_data = x.data_ptr(), cos.data_ptr(), sin.data_ptr()
-    mask_data = None if mask is None else mask.data_ptr()
     normed, norm_data, eps = None, None, 0.0
     if norm is not None:
         weight, eps = norm
         _check("norm weight", weight, torch.float32, 1, contiguous=True, shape=(layers.hidden,))
         normed = torch.empty(x.shape, dtype=torch.float32)
         norm_data, eps = weight.data_ptr(), float(eps)
-    status = lib.spec_fast_layers(len(layers), layers._weights, x_data, batch, num_query, cos_data, sin_data,
-                                  mask_data, past, layers._keys, layers._values, layers._capacities, layers._halves,
-                                  threads, norm_data, eps, None if normed is None else normed.data_ptr())
-    if status != 0:
-        raise MemoryError("the native decoder layer could not allocate its scratch memory")
-    return normed
+    mask_data, normed_data = None if mask is None else mask.data_ptr(), None if normed is None else normed.data_ptr()
+    return ((len(layers), layers._weights, x.data_ptr(), batch, num_query, cos.data_ptr(), sin.data_ptr(), mask_data,
+             past, layers._keys, layers._values, layers._capacities, layers._halves, torch.get_num_threads(),
+             norm_data, eps, normed_data), normed)
 
 
 class CacheBuffers:

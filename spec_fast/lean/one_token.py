@@ -60,28 +60,22 @@ def _layers_and_head(stack: native.LayerStack, x: torch.Tensor, cos: torch.Tenso
                      norm: Any, head: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``native.run_layers(stack, x [B, 1, H], cos, sin, None, past, norm=(norm.weight, norm.eps))`` and then
     ``head``'s product and the first maxima, in one native call (``spec_fast_layers_head``): ``(logits [B, 1,
-    V], [B])``. The arguments are the ones :func:`one_token_logits` built; the head's blocks are checked here."""
+    V], [B])``, every argument checked as those calls check theirs."""
     lib = native._library()
     assert lib is not None
-    packed, vocab = head.packed, int(head.out_features)
-    hidden = int(x.shape[-1])
-    native._check("head", packed, torch.uint8, 3, contiguous=True, shape=(None, None, native.group_bytes(head.kind)))
-    if int(packed.shape[1]) * native.GROUP != hidden or not 0 < vocab <= int(packed.shape[0]) * native.BLOCK:
-        raise ValueError(f"the head's blocks {tuple(packed.shape)} do not fit {vocab} outputs of {hidden} inputs")
-    weight = norm.weight
-    native._check("norm weight", weight, torch.float32, 1, contiguous=True, shape=(hidden,))
-    if stack.capacity < past + 1 or stack.batch != int(x.shape[0]) or stack.hidden != hidden:
-        raise ValueError(f"the stack (batch {stack.batch}, {stack.capacity} slots) cannot take x {tuple(x.shape)} "
-                         f"behind {past} entries")
+    arguments, normed = native.layers_arguments(stack, x, cos, sin, None, past, (norm.weight, norm.eps))
+    packed, vocab, hidden = head.packed, int(head.out_features), int(x.shape[-1])
+    native._check("packed", packed, torch.uint8, 3, contiguous=True, shape=(None, None, native.group_bytes(head.kind)))
+    native._check_out_features(packed, vocab)
+    if int(packed.shape[1]) * native.GROUP != hidden:
+        raise ValueError(f"the head's blocks {tuple(packed.shape)} take {int(packed.shape[1]) * native.GROUP} "
+                         f"inputs, the layers give {hidden}")
     rows = int(x.shape[0])
-    normed = torch.empty(x.shape, dtype=torch.float32)
     logits = torch.empty(rows, 1, vocab, dtype=torch.float32)
     first_max = torch.empty(rows, dtype=torch.int64)
-    status = lib.spec_fast_layers_head(
-        len(stack), stack._weights, x.data_ptr(), rows, 1, cos.data_ptr(), sin.data_ptr(), None, past, stack._keys,
-        stack._values, stack._capacities, stack._halves, torch.get_num_threads(), weight.data_ptr(), float(norm.eps),
-        normed.data_ptr(), native.BLOCK_KINDS[head.kind], packed.data_ptr(), vocab, logits.data_ptr(),
-        first_max.data_ptr())
+    assert normed is not None
+    status = lib.spec_fast_layers_head(*arguments, native.BLOCK_KINDS[head.kind], packed.data_ptr(), vocab,
+                                       logits.data_ptr(), first_max.data_ptr())
     if status != 0:
         raise MemoryError("the native decoder layers or head could not allocate their scratch memory")
     return logits, first_max
