@@ -125,24 +125,18 @@ class StopTextStream:
         """The tokens pushed so far."""
         return self.detok.tokens
 
-    def _decode(self, tokens: list[int]) -> str:
-        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
-
     def push(self, tokens: Sequence[int]) -> tuple[str, bool]:
         if self.stopped:
             return "", True
         before = len(self.tokens)
         self.detok.extend(tokens)
         text = self.detok.text()
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        cut, stop_at = self.detok.first_stop(text, self.stop, before)
         if cut >= 0:
             self.stopped = True
             self.text = text[:cut]
-            # the first token whose text completes a stop string (earlier prefixes held none)
-            for k in range(before + 1, len(self.tokens) + 1):
-                if any(s in self._decode(self.tokens[:k]) for s in self.stop):
-                    self.stop_tokens = k
-                    break
+            if stop_at is not None:  # the first token whose text completes a stop string
+                self.stop_tokens = stop_at
             return self._emit(self.text), True
         self.text = text
         hold = len(text) - len(text.rstrip("\ufffd"))  # an unfinished multi-byte character

@@ -80,6 +80,17 @@ class IncrementalText:
                 self.settled, self.settled_text = point, moved
         return text
 
+    def first_stop(self, text: str, stop: Sequence[str], since: int) -> tuple[int, int | None]:
+        """Where the earliest of the ``stop`` strings begins in ``text`` (this object's :meth:`text`; -1:
+        none), and the number of tokens up to the first token past ``since`` whose text completes one of them
+        (None: not found, or no stop string in ``text``). The text of the first ``since`` tokens is taken to
+        hold none (a search then would have stopped)."""
+        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+        if cut < 0:
+            return cut, None
+        return cut, next((k for k in range(since + 1, len(self.tokens) + 1)
+                          if any(s in self._decode(self.tokens[:k]) for s in stop)), None)
+
     def truncate(self, count: int) -> None:
         """Keep only the first ``count`` tokens (a stop string cut the reply)."""
         del self.tokens[count:]

@@ -392,15 +392,13 @@ class BatchEngine:
         if self.tokenizer is None:
             return None, None
         text = self._request_text(request)
-        cut = min((i for i in (text.find(s) for s in request.stop) if i >= 0), default=-1)
-        checked, request.text_checked = request.text_checked, len(request.tokens)
+        assert request.detok is not None  # kept in step with request.tokens by _request_text
+        # the search for the completing token starts at this step's tokens: the text before them held no stop
+        # string (its search would have stopped the request)
+        cut, stop_at = request.detok.first_stop(text, request.stop, request.text_checked)
+        request.text_checked = len(request.tokens)
         if cut >= 0:
-            # the first token whose text completes a stop string: the text of the tokens before this step's
-            # held none (its search would have stopped the request)
-            stop_at = next((k for k in range(checked + 1, len(request.tokens) + 1)
-                            if any(s in self._decode(request.tokens[:k]) for s in request.stop)),
-                           len(request.tokens))
-            return text[:cut], stop_at
+            return text[:cut], stop_at if stop_at is not None else len(request.tokens)
         if not finished:
             text = text.rstrip("\ufffd")
             held = max((len(s) - 1 - i for s in request.stop for i in range(len(s) - 1)
@@ -408,12 +406,8 @@ class BatchEngine:
             text = text[: len(text) - held]
         return text, None
 
-    def _decode(self, tokens: list[int]) -> str:
-        assert self.tokenizer is not None
-        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
-
     def _request_text(self, request: _Request) -> str:
-        """``_decode(request.tokens)``, decoding only the tokens past a settled prefix
+        """The text of ``request.tokens``, decoding only the tokens past a settled prefix
         (:class:`spec_fast.detokenize.IncrementalText`): a whole decode per step grew with the reply."""
         detok = request.detok
         if detok is None:

@@ -117,3 +117,17 @@ def test_the_tokens_decoded_per_push_do_not_grow_with_the_reply(smollm2: Any) ->
 def test_bad_window_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="^context and lag must be >= 1"):
         IncrementalText(WordTokenizer(False), context=0)
+
+
+def test_first_stop_finds_the_earliest_stop_string_and_the_token_that_completed_it() -> None:
+    detok = IncrementalText(WordTokenizer(strip=False))
+    detok.extend([0, 1, 4, 7, 0, 5, 6, 2, 9, 1])  # " the cat sat on the mat. a cat"
+    text = detok.text()
+    assert text == " the cat sat on the mat. a cat"
+    # "mat" is completed by the 7th token; " cat" by the 2nd, which the search from 0 finds first
+    assert detok.first_stop(text, ["mat", "zzz"], 0) == (text.find("mat"), 7)
+    assert detok.first_stop(text, [" cat", "mat"], 0) == (text.find(" cat"), 2)
+    # tokens up to `since` are taken to hold no stop string (their text, " the cat sat on the mat.", holds no
+    # "a cat"): the search starts after them
+    assert detok.first_stop(text, ["a cat"], 8) == (text.find("a cat"), 10)
+    assert detok.first_stop(text, ["dog"], 0) == (-1, None)
