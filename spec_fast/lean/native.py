@@ -180,7 +180,7 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_kernels_version.restype = ctypes.c_int64
         if lib.spec_fast_kernels_version() != _VERSION:
             return None, f"{path} is version {lib.spec_fast_kernels_version()}, not {_VERSION}"
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        i64, ptr, float64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
         lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
         lib.spec_fast_mm_f32.restype = None
         lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
@@ -189,11 +189,9 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_block_products.restype = i64
         lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_pack_f32.restype = None
-        lib.spec_fast_layers.argtypes = [i64, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr,
-                                         ctypes.c_double, ptr]
-        lib.spec_fast_layers.restype = i64
-        lib.spec_fast_layers_head.argtypes = [*lib.spec_fast_layers.argtypes, i64, ptr, i64, ptr, ptr]
-        lib.spec_fast_layers_head.restype = i64
+        layers: list[Any] = [i64, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, float64, ptr]
+        lib.spec_fast_layers.argtypes, lib.spec_fast_layers_head.argtypes = layers, [*layers, i64, ptr, i64, ptr, ptr]
+        lib.spec_fast_layers.restype = lib.spec_fast_layers_head.restype = i64
         lib.spec_fast_rms_norm.argtypes = [ptr, i64, i64, ptr, ctypes.c_double, ptr]
         lib.spec_fast_rms_norm.restype = None
         lib.spec_fast_first_max.argtypes = [ptr, i64, i64, i64, ptr]
@@ -424,9 +422,9 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor | None:
     """The decoder layers ``stack`` (a :class:`LayerStack`, or the ``(weights, keys, values)`` of one, each as
     in :func:`run_layer`) one after another over ``x`` in place, in one native call (the shared arguments
-    checked once per pass, not per layer; each layer computes what one :func:`run_layer` call computes). With
-    ``norm = (weight [H] float32, eps)`` it returns the final norm of the result (``row_ops.rms_norm``'s bits)
-    as a new ``[B, Q, H]`` tensor, else None. A ``MemoryError`` can leave ``x`` partly updated."""
+    checked once per pass; each layer computes what a :func:`run_layer` call computes). With ``norm = (weight
+    [H], eps)`` it returns the final norm (``row_ops.rms_norm``'s bits) as a new tensor, else None. A
+    ``MemoryError`` can leave ``x`` partly updated."""
     lib = _library()
     assert lib is not None
     if len(stack) == 0:
@@ -442,8 +440,7 @@ def run_layers(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, to
 def layers_arguments(stack: LayerStack | Sequence[tuple[LayerWeights, torch.Tensor, torch.Tensor]],
                      x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, past: int,
                      norm: tuple[torch.Tensor, float] | None) -> tuple[tuple[Any, ...], torch.Tensor | None]:
-    """:func:`run_layers`' arguments (at least one layer), checked, as ``spec_fast_layers``' (the first
-    arguments of every native call that starts with the layers) and the final norm's new tensor (or None)."""
+    """:func:`run_layers`' checked arguments as ``spec_fast_layers``' (which open every such native call)."""
     layers = stack if isinstance(stack, LayerStack) else LayerStack(stack)
     _check("x", x, torch.float32, 3, contiguous=True, shape=(layers.batch, None, layers.hidden))
     batch, num_query, dim = int(x.shape[0]), int(x.shape[1]), layers.dim
