@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "load_head": "spec_fast.drafts.heads",
     "weights_path": "spec_fast.drafts.heads",
     "DATASTORE_PATH": "spec_fast.drafts.retrieval",
-    "HybridDrafter": "spec_fast.drafts.retrieval",
+    "HybridDrafter": "spec_fast.drafts.hybrid",
     "RetrievalDrafter": "spec_fast.drafts.retrieval",
     "SuffixIndex": "spec_fast.drafts.retrieval",
     "load_retrieval_drafter": "spec_fast.drafts.retrieval",
@@ -64,5 +64,5 @@ if TYPE_CHECKING:
     from spec_fast.drafts.model import Drafter, EarlyExitDrafter, ModelDrafter, early_exit_model
     from spec_fast.drafts.prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS, synthetic_prompts
     from spec_fast.drafts.subset_head import SubsetHead
-    from spec_fast.drafts.retrieval import (DATASTORE_PATH, HybridDrafter, RetrievalDrafter, SuffixIndex,
-                                            load_retrieval_drafter)
+    from spec_fast.drafts.hybrid import HybridDrafter
+    from spec_fast.drafts.retrieval import DATASTORE_PATH, RetrievalDrafter, SuffixIndex, load_retrieval_drafter

@@ -426,11 +426,12 @@ def load_drafter(name: str, target: Any, directory: str | None = None, target_lm
     """A committed draft by name: ``distilled`` (a :class:`~spec_fast.drafts.model.ModelDrafter`), ``eagle`` or
     ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head; ``retrieval``
     (:class:`~spec_fast.drafts.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
-    ``<draft>+retrieval`` (:class:`~spec_fast.drafts.retrieval.HybridDrafter`: retrieval where its match is at
+    ``<draft>+retrieval`` (:class:`~spec_fast.drafts.hybrid.HybridDrafter`: retrieval where its match is at
     least 3 tokens long, the draft elsewhere). ``target_lm_head``: the running target's LM head where ``target``
     is an HF copy of it (:meth:`SubsetHead.use_native`)."""
     from spec_fast.drafts.model import ModelDrafter
-    from spec_fast.drafts.retrieval import DATASTORE_PATH, HybridDrafter, load_retrieval_drafter
+    from spec_fast.drafts.hybrid import HybridDrafter
+    from spec_fast.drafts.retrieval import DATASTORE_PATH, load_retrieval_drafter
 
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     datastore = os.path.join(directory, "datastore.npz") if directory else DATASTORE_PATH

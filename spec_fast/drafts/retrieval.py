@@ -14,7 +14,8 @@ The longer of the two matches wins (the row's own text on a tie); its next-token
 law, ``logits = log(count)`` (``-inf`` for tokens never seen after the match, so the law is a proper
 distribution over the target vocabulary and every verifier stays lossless). The empty match is the
 datastore's unigram law, so every entry gets a distribution. :attr:`RetrievalState.match_lengths` keeps
-the match length of every block entry (:class:`HybridDrafter` falls back to a model where it is short).
+the match length of every block entry (:class:`spec_fast.drafts.hybrid.HybridDrafter` falls back to a model where
+it is short).
 
 The index is host-side (NumPy): a forward reads its block tokens back from the device. That is one sync
 per draft level, the price of drafting without a model.
@@ -33,7 +34,7 @@ import torch
 
 from spec_fast.drafts.model import Drafter
 
-__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "HybridDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE",
+__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE",
            "MATCH_CLASSES", "match_class",
            "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
            "ASSISTANT_HEADER_TOKENS"]
@@ -442,58 +443,3 @@ def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: 
         path_acceptance = None
     return RetrievalDrafter(SuffixIndex(sequences, vocab_size, max_match), vocab_size, max_match, deep_match,
                             path_acceptance)
-
-
-@dataclass
-class HybridState:
-    retrieval: RetrievalState
-    model: Any
-
-
-class HybridDrafter(Drafter):
-    """A retrieval drafter backed by a model drafter: an entry whose retrieval match is at least
-    ``min_match`` tokens long takes the retrieval law, every other entry the model's law. Both advance
-    on every entry (the model's cache must cover every entry its later entries attend to)."""
-
-    def __init__(self, retrieval: RetrievalDrafter, model: Drafter, min_match: int = 3) -> None:
-        if retrieval.vocab_size != model.vocab_size:
-            raise ValueError(f"retrieval vocab_size {retrieval.vocab_size} differs from the model's {model.vocab_size}")
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise ValueError(f"min_match must be a positive integer, got min_match={min_match!r}")
-        self.retrieval = retrieval
-        self.model = model
-        self.min_match = min_match
-        self.vocab_size = model.vocab_size
-        self.wants_target_hidden = bool(getattr(model, "wants_target_hidden", False))
-
-    def begin(self, batch_size: int, device: torch.device) -> HybridState:
-        return HybridState(self.retrieval.begin(batch_size, device), self.model.begin(batch_size, device))
-
-    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
-                       counts: torch.Tensor | None = None) -> None:
-        self.model.observe_target(state.model, target_hidden, keep, counts)
-
-    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        model_logits = self.model.forward(state.model, tokens, parents)
-        retrieval_logits = self.retrieval.forward(state.retrieval, tokens, parents)
-        num_query = tokens.shape[1]
-        lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths], device=tokens.device)
-        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
-        return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
-
-    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
-        self.retrieval.commit(state.retrieval, keep, counts, prefix_of_block)
-        self.model.commit(state.model, keep, counts, prefix_of_block)
-
-    def num_block(self, state: Any) -> int:
-        return self.model.num_block(state.model)
-
-    def take_rows(self, state: Any, rows: list[int]) -> Any:
-        return HybridState(self.retrieval.take_rows(state.retrieval, rows), self.model.take_rows(state.model, rows))
-
-    def join_rows(self, state: Any, joining: Any) -> Any:
-        return HybridState(self.retrieval.join_rows(state.retrieval, joining.retrieval),
-                           self.model.join_rows(state.model, joining.model))
-
-    def passes(self, state: Any) -> int:
-        return self.model.passes(state.model)

@@ -57,7 +57,8 @@ def test_committed_weights_exist_for_every_draft_and_fit_in_20_megabytes() -> No
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["distilled", "heads", "eagle", "rnn", "retrieval", "rnn+retrieval"])
 def test_trained_drafts_load_by_name_with_the_targets_vocabulary(smollm2_target: Any, name: str) -> None:
-    from spec_fast.drafts.retrieval import HybridDrafter, RetrievalDrafter
+    from spec_fast.drafts.hybrid import HybridDrafter
+    from spec_fast.drafts.retrieval import RetrievalDrafter
 
     target, _ = smollm2_target
     drafter = load_drafter(name, target)

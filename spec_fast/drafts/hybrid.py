@@ -1,0 +1,69 @@
+"""A retrieval drafter backed by a model drafter (``<draft>+retrieval``): each entry takes the retrieval law
+where its match is long enough, the model's law elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_fast.drafts.model import Drafter
+from spec_fast.drafts.retrieval import RetrievalDrafter, RetrievalState
+
+__all__ = ["HybridDrafter", "HybridState"]
+
+
+@dataclass
+class HybridState:
+    retrieval: RetrievalState
+    model: Any
+
+
+class HybridDrafter(Drafter):
+    """A retrieval drafter backed by a model drafter: an entry whose retrieval match is at least
+    ``min_match`` tokens long takes the retrieval law, every other entry the model's law. Both advance
+    on every entry (the model's cache must cover every entry its later entries attend to)."""
+
+    def __init__(self, retrieval: RetrievalDrafter, model: Drafter, min_match: int = 3) -> None:
+        if retrieval.vocab_size != model.vocab_size:
+            raise ValueError(f"retrieval vocab_size {retrieval.vocab_size} differs from the model's {model.vocab_size}")
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise ValueError(f"min_match must be a positive integer, got min_match={min_match!r}")
+        self.retrieval = retrieval
+        self.model = model
+        self.min_match = min_match
+        self.vocab_size = model.vocab_size
+        self.wants_target_hidden = bool(getattr(model, "wants_target_hidden", False))
+
+    def begin(self, batch_size: int, device: torch.device) -> HybridState:
+        return HybridState(self.retrieval.begin(batch_size, device), self.model.begin(batch_size, device))
+
+    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
+                       counts: torch.Tensor | None = None) -> None:
+        self.model.observe_target(state.model, target_hidden, keep, counts)
+
+    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        model_logits = self.model.forward(state.model, tokens, parents)
+        retrieval_logits = self.retrieval.forward(state.retrieval, tokens, parents)
+        num_query = tokens.shape[1]
+        lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths], device=tokens.device)
+        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
+        return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
+
+    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
+        self.retrieval.commit(state.retrieval, keep, counts, prefix_of_block)
+        self.model.commit(state.model, keep, counts, prefix_of_block)
+
+    def num_block(self, state: Any) -> int:
+        return self.model.num_block(state.model)
+
+    def take_rows(self, state: Any, rows: list[int]) -> Any:
+        return HybridState(self.retrieval.take_rows(state.retrieval, rows), self.model.take_rows(state.model, rows))
+
+    def join_rows(self, state: Any, joining: Any) -> Any:
+        return HybridState(self.retrieval.join_rows(state.retrieval, joining.retrieval),
+                           self.model.join_rows(state.model, joining.model))
+
+    def passes(self, state: Any) -> int:
+        return self.model.passes(state.model)
