@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from spec_fast._sampling import first_max_index
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.drafts.heads import HeadDrafter
+from spec_fast.drafts.hybrid import HybridDrafter
 from spec_fast.drafts.retrieval import (
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
-    HybridDrafter,
     RetrievalDrafter,
     SuffixIndex,
     context_match,
