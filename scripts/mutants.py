@@ -419,7 +419,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("retrieval-ties-to-the-datastore", "spec_fast/drafts/retrieval.py",
        "        if m_own >= m_data and m_own > 0:", "        if m_own > m_data and m_own > 0:",
        ("tests/drafts/test_retrieval.py",), "an own-text match as long as the datastore's loses to it"),
-    _m("hybrid-threshold-strict", "spec_fast/drafts/retrieval.py",
+    _m("hybrid-threshold-strict", "spec_fast/drafts/hybrid.py",
        "use = (lengths >= self.min_match)", "use = (lengths > self.min_match)",
        ("tests/drafts/test_retrieval.py",), "a match of exactly min_match tokens takes the model's law"),
     _m("engine-emits-past-eos", "spec_fast/engine/decoder.py",
