@@ -96,6 +96,14 @@ class ChainProposer(SingleHeadProposer):
 
     greedy_argmax = True
 
+    def gate_caps(self, rows: StepRows, caps: list[int]) -> list[int]:
+        """``caps`` with 0 for the rows whose drafter answers False to
+        :meth:`~spec_fast.drafts.model.Drafter.drafts_first_level` (retrieval where its match forecasts a
+        loss)."""
+        head = rows.heads[0]
+        first_level = head.drafter.drafts_first_level
+        return [cap if cap < 1 or first_level(head.state, b, head.pending[b]) else 0 for b, cap in enumerate(caps)]
+
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:
         draft = cap_rows(draft_chain(*self.head_args(rows), depth_cap, law, rows.draft_streams(), device),

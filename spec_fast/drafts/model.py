@@ -81,6 +81,13 @@ class Drafter:
         so verification stays exact. None (the default): every level."""
         return None
 
+    def drafts_first_level(self, state: Any, row: int, pending: Sequence[int]) -> bool:
+        """Whether row ``row``'s chain drafts at all this step, its context ending with ``pending`` (the
+        tokens the drafter has not seen, the root last): a drafter that can forecast from the row's text and
+        past steps alone that a draft would not pay answers False, and the row takes a plain step. True (the
+        default): always."""
+        return True
+
     def observe_chain(self, state: Any, accepted: Sequence[int], depths: Sequence[int]) -> None:
         """After a step whose chains :meth:`chain_depths` shaped: row b's chain was cut to ``depths[b]``
         levels and its first ``accepted[b]`` draft tokens were accepted (what a drafter may learn its depth

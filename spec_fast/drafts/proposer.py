@@ -23,6 +23,7 @@ its proposer. The hooks, in step order:
   the call runs and the proposer's rows for freshly prefilled requests, kept by the engine in
   ``DecodeState.proposal`` and reordered with the batch (:meth:`ProposerRows.take_rows` when requests leave,
   :meth:`ProposerRows.join` when requests join);
+* :meth:`Proposer.gate_caps`: which rows draft at all this step (a chain's drafter may forecast a loss);
 * :meth:`Proposer.draft`: the step's trees below the roots, row b at most ``rows.depth_caps[b]`` deep;
 * :meth:`Proposer.after_verify`: what the proposer reads of the verification before the commit;
 * :meth:`Proposer.after_commit`: what it learns from the committed counts (host-side, no device read).
@@ -124,6 +125,11 @@ class Proposer(Protocol):
         :attr:`reads_previous`, else None."""
         ...
 
+    def gate_caps(self, rows: StepRows, caps: list[int]) -> list[int]:
+        """The step's depth cap per row after the proposer's own forecast (``caps``: the engine's): a row
+        whose draft would not pay, judged from its text and past steps alone, gets 0 (a plain step)."""
+        ...
+
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:
         """This step's trees below ``rows.roots`` (``depth_cap >= 1``: the deepest ``rows.depth_caps``);
@@ -164,6 +170,9 @@ class PlainProposer:
     def begin(self, batch: int, device: torch.device,
               previous: tuple[torch.Tensor, torch.Tensor] | None) -> ProposerRows:
         return NO_ROWS
+
+    def gate_caps(self, rows: StepRows, caps: list[int]) -> list[int]:
+        return caps
 
     def draft(self, rows: StepRows, depth_cap: int, law: DraftLaw, device: torch.device
               ) -> tuple[DraftBatch, DualDraft | None]:

@@ -34,7 +34,7 @@ import torch
 
 from spec_fast.drafts.model import Drafter
 
-__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE",
+__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE", "FIRST_ACCEPTANCE",
            "MATCH_CLASSES", "match_class",
            "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
            "ASSISTANT_HEADER_TOKENS"]
@@ -228,10 +228,16 @@ class RetrievalDrafter(Drafter):
       this; the estimates are the row's own accepted / reached counts per class from its earlier chains
       (:meth:`observe_chain`), pulled toward :data:`PRIOR_ACCEPTANCE`. Both read the row's text and its past
       steps only, so every verifier stays exact.
+
+    ``first_acceptance`` (with ``path_acceptance``) gates the first level the same way: a row drafts only where
+    its estimated acceptance of a token behind the match its context ends with reaches it, and otherwise takes a
+    plain step (:meth:`drafts_first_level`); the counts of a row that does not draft fade as if it had, so a
+    class whose estimate fell below the gate returns to its prior and is tried again.
     """
 
     def __init__(self, index: SuffixIndex | None, vocab_size: int, max_match: int = 16,
-                 deep_match: int | None = None, path_acceptance: float | None = None) -> None:
+                 deep_match: int | None = None, path_acceptance: float | None = None,
+                 first_acceptance: float | None = None) -> None:
         if index is not None and index.vocab_size != vocab_size:
             raise ValueError(f"index vocab_size {index.vocab_size} differs from vocab_size={vocab_size}")
         if deep_match is not None and (isinstance(deep_match, bool) or not isinstance(deep_match, int)
@@ -241,11 +247,16 @@ class RetrievalDrafter(Drafter):
             raise ValueError(f"path_acceptance must lie in (0, 1) or be None, got path_acceptance={path_acceptance!r}")
         if deep_match is not None and path_acceptance is not None:
             raise ValueError("give deep_match or path_acceptance, not both")
+        if first_acceptance is not None and not 0.0 < first_acceptance < 1.0:
+            raise ValueError(f"first_acceptance must lie in (0, 1) or be None, got first_acceptance={first_acceptance!r}")
+        if first_acceptance is not None and path_acceptance is None:
+            raise ValueError("first_acceptance gates with path_acceptance's estimates: give path_acceptance too")
         self.index = index
         self.vocab_size = vocab_size
         self.max_match = max_match
         self.deep_match = deep_match
         self.path_acceptance = path_acceptance
+        self.first_acceptance = first_acceptance
 
     def begin(self, batch_size: int, device: torch.device) -> RetrievalState:
         return RetrievalState(committed=[[] for _ in range(batch_size)], block_tokens=[[] for _ in range(batch_size)],
@@ -368,6 +379,14 @@ class RetrievalDrafter(Drafter):
             depths.append(depth)
         return depths
 
+    def drafts_first_level(self, state: Any, row: int, pending: Sequence[int]) -> bool:
+        """With ``first_acceptance``: whether the row's estimated acceptance for the class of the match its
+        context ends with (:meth:`match_length`) reaches it; True without."""
+        if self.first_acceptance is None:
+            return True
+        match = self.match_length(state, row, pending)
+        return self.acceptance_estimates(state, row)[match_class(match)] >= self.first_acceptance
+
     def acceptance_estimates(self, state: Any, row: int) -> list[float]:
         """Row ``row``'s estimated acceptance of a draft token per match class: its faded counts plus
         :data:`PRIOR_WEIGHT` pseudo-observations at :data:`PRIOR_ACCEPTANCE`."""
@@ -377,16 +396,18 @@ class RetrievalDrafter(Drafter):
     def observe_chain(self, state: Any, accepted: Sequence[int], depths: Sequence[int]) -> None:
         """After a chain step: row b's chain was cut to ``depths[b]`` levels and its first ``accepted[b]``
         tokens were accepted. Each level reached (every accepted one and the first rejected one) counts for
-        the class of its match, after every count has faded by :data:`EVIDENCE_DECAY`."""
+        the class of its match, after every count has faded by :data:`EVIDENCE_DECAY`. With
+        ``first_acceptance``, the counts of a row that drafted nothing fade too."""
         for b, matches in enumerate(state.chain_matches):
             depth = min(len(matches), int(depths[b])) if b < len(depths) else 0
+            counts = state.acceptance[b]
+            if depth >= 1 or self.first_acceptance is not None:
+                for pair in counts:
+                    pair[0] *= EVIDENCE_DECAY
+                    pair[1] *= EVIDENCE_DECAY
             if depth < 1:
                 state.chain_matches[b] = []
                 continue
-            counts = state.acceptance[b]
-            for pair in counts:
-                pair[0] *= EVIDENCE_DECAY
-                pair[1] *= EVIDENCE_DECAY
             for level in range(min(int(accepted[b]) + 1, depth)):
                 pair = counts[match_class(matches[level])]
                 pair[1] += 1.0
@@ -431,15 +452,19 @@ class RetrievalDrafter(Drafter):
 #: ``deep_match`` of 6 (the best of 3-8 there) 1.60x against 1.56x plain on input-grounded prompts and 1.22x
 #: against 1.21x on chat.
 PATH_ACCEPTANCE = 0.4
+#: The ``first_acceptance`` of the retrieval draft loaded by name: a row drafts a chain only where its estimated
+#: acceptance of the first level reaches this; elsewhere it takes a plain step.
+FIRST_ACCEPTANCE = 0.4
 
 
 def load_retrieval_drafter(vocab_size: int, path: str | None = None, max_match: int = 16,
-                           deep_match: int | None = None,
-                           path_acceptance: float | None = PATH_ACCEPTANCE) -> RetrievalDrafter:
+                           deep_match: int | None = None, path_acceptance: float | None = PATH_ACCEPTANCE,
+                           first_acceptance: float | None = FIRST_ACCEPTANCE) -> RetrievalDrafter:
     """A :class:`RetrievalDrafter` over the committed datastore (or ``path``); its chains follow
-    ``path_acceptance`` (:data:`PATH_ACCEPTANCE`) unless another rule is given."""
+    ``path_acceptance`` (:data:`PATH_ACCEPTANCE`) and ``first_acceptance`` (:data:`FIRST_ACCEPTANCE`) unless
+    another rule is given (``deep_match`` drops both)."""
     sequences, _ = load_datastore(path)
     if deep_match is not None:
-        path_acceptance = None
+        path_acceptance = first_acceptance = None
     return RetrievalDrafter(SuffixIndex(sequences, vocab_size, max_match), vocab_size, max_match, deep_match,
-                            path_acceptance)
+                            path_acceptance, first_acceptance)

@@ -272,13 +272,16 @@ class SpeculativeDecoder:
     def depth_caps(self, st: DecodeState) -> list[int]:
         """Row b's deepest draft this step: the strategy's depth, less where the row may emit fewer tokens
         (a function of the row alone, so its tree does not depend on its neighbours); with
-        ``st.step_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch."""
+        ``st.step_cost``, at most the depth :func:`spec_fast.engine.batch_depth.choose_depth` picks for the batch;
+        0 where the proposer forecasts that the row's draft would not pay (:meth:`~spec_fast.drafts.proposer.
+        Proposer.gate_caps`)."""
         depth = self.strategy.depth
         if st.step_cost is not None and self.strategy.drafts:
             evidence = st.depth_evidence
             depth = choose_depth(st.step_cost, sum(st.active), depth, evidence.reached, evidence.accepted)
-        return [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
+        caps = [max(0, min(depth, st.max_new[b] - len(st.outputs[b]) - 1)) if st.active[b] else 0
                 for b in range(st.batch_size)]
+        return self.proposer.gate_caps(st, caps) if self.strategy.drafts and any(caps) else caps
 
     def step(self, st: DecodeState) -> list[list[int]]:
         """One speculative (or plain) step for every active row; returns the new tokens per row."""

@@ -325,3 +325,87 @@ def test_a_greedy_retrieval_chain_drafts_the_same_with_and_without_its_argmax_sh
                      result.metrics.depth_reached))
     assert runs[0] == runs[1]
     assert sum(runs[0][3]) > 0  # chains were drafted
+
+
+def test_the_first_level_gate_drafts_only_behind_matches_whose_estimate_reaches_it() -> None:
+    """first_acceptance: a row drafts where the estimate for the class of the match its context ends with
+    reaches it (the priors at first: class 2 at 0.45 drafts, class 1 at 0.25 does not), per row; a class whose
+    drafts are rejected falls below the gate, and steps the row does not draft fade its counts back to the
+    prior, so the class is tried again."""
+    drafter = RetrievalDrafter(None, VOCAB, 8, path_acceptance=0.5, first_acceptance=0.4)
+    state = drafter.begin(2, torch.device("cpu"))
+    state.committed = [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 4]]
+    pending = [[3], [2]]  # row 0 ends with "0 1 2 3" (a match of 4: class 2), row 1 with "4 2" (1: class 1)
+    assert [drafter.match_length(state, b, pending[b]) for b in (0, 1)] == [4, 1]
+    assert [drafter.drafts_first_level(state, b, pending[b]) for b in (0, 1)] == [True, False]
+    assert not drafter.drafts_first_level(state, 1, [3])  # row 1's own text: "4 3", a match of 1
+    ungated = RetrievalDrafter(None, VOCAB, 8, path_acceptance=0.5)
+    assert all(ungated.drafts_first_level(state, b, pending[b]) for b in (0, 1))
+    for _ in range(3):  # row 0's first levels behind class-2 matches are rejected
+        state.chain_matches = [[4], []]
+        drafter.observe_chain(state, accepted=[0, 0], depths=[1, 0])
+    assert drafter.acceptance_estimates(state, 0)[2] < 0.4
+    assert not drafter.drafts_first_level(state, 0, pending[0])
+    assert drafter.drafts_first_level(state, 1, [0, 1, 2])  # row 1's class 2 keeps its prior
+    gated_steps = 0
+    while not drafter.drafts_first_level(state, 0, pending[0]):
+        drafter.observe_chain(state, accepted=[0, 0], depths=[0, 0])  # plain steps: the counts fade
+        gated_steps += 1
+        assert gated_steps < 50
+    assert gated_steps > 1
+    # without the gate a row's counts keep their weight over steps it did not draft
+    kept = ungated.begin(1, torch.device("cpu"))
+    kept.chain_matches = [[4]]
+    ungated.observe_chain(kept, accepted=[0], depths=[1])
+    before = [list(pair) for pair in kept.acceptance[0]]
+    ungated.observe_chain(kept, accepted=[0], depths=[0])
+    assert kept.acceptance[0] == before
+    with pytest.raises(ValueError, match="first_acceptance"):
+        RetrievalDrafter(None, VOCAB, path_acceptance=0.5, first_acceptance=0.0)
+    with pytest.raises(ValueError, match="give path_acceptance too"):
+        RetrievalDrafter(None, VOCAB, first_acceptance=0.4)
+
+
+def test_a_gated_chain_takes_plain_steps_per_row_and_stays_exactly_autoregressive(
+        target: Any, reference: list[list[int]], index: SuffixIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose match forecasts a rejected draft take plain steps (the plain step's shortcut when no row
+    drafts); each row's drafted depths follow from its own text, so a row decodes the same trees alone as in
+    the batch; greedy output stays the target's own."""
+    import spec_fast.engine.decoder as decoder_module
+
+    shortcuts = []
+    real_plain_step = decoder_module.plain_step
+
+    def counting(*args: Any) -> Any:
+        taken = real_plain_step(*args)
+        shortcuts.append(taken is not None)
+        return taken
+
+    monkeypatch.setattr(decoder_module, "plain_step", counting)
+    strategy = parse_strategy("chain:4")
+
+    def row_depths(prompts: list[list[int]], record: bool, gate: float | None = 0.4
+                   ) -> tuple[list[list[int]], list[list[int]]]:
+        drafter = RetrievalDrafter(index, 64, 8, path_acceptance=0.2, first_acceptance=gate)
+        result = SpeculativeDecoder(target, drafter, strategy).generate(prompts, max_new_tokens=NEW_TOKENS,
+                                                                        record_trees=record)
+        depths = [[int(tree.depths[b].masked_fill(~tree.valid[b], 0).max()) for tree in result.trees or []]
+                  for b in range(len(prompts))]
+        return result.tokens, depths
+
+    tokens, _ = row_depths(PROMPTS, False)
+    assert tokens == reference
+    assert any(shortcuts) and not all(shortcuts)  # plain steps without a tree, and drafted steps
+    batch_tokens, batch_depths = row_depths(PROMPTS, True)
+    assert batch_tokens == reference
+    flat = [d for row in batch_depths for d in row]
+    assert 0 in flat and max(flat) > 1
+    mixed_rows = 0
+    for b, prompt in enumerate(PROMPTS):
+        _, alone = row_depths([prompt], True)
+        assert batch_depths[b][: len(alone[0])] == alone[0]
+        mixed_rows += 0 in alone[0][1:] and max(alone[0]) > 0  # the row itself took gated and drafted steps
+        assert 0 in alone[0][:-1]
+        _, ungated = row_depths([prompt], True, gate=None)
+        assert 0 not in ungated[0][:-1]  # without the gate only the last token's step drafts nothing
+    assert mixed_rows > 0
