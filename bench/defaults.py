@@ -20,6 +20,10 @@ the same seed per prompt; lossless in distribution, so outputs are not compared)
 (``spec_fast.strategies.DEFAULT_SAMPLED_STRATEGY``) is chosen from that file as the greedy one is from
 ``defaults.json``.
 
+``--first-acceptance V,...`` adds, for ``chain:4`` and ``chain:8``, the retrieval draft with another first-level
+gate (``spec_fast.drafts.retrieval.FIRST_ACCEPTANCE``; ``none``: every row drafts its first level), labelled
+``chain:4 first=V``: the default's gate is chosen from the same run as its strategy.
+
     python bench/defaults.py          # 3 prompts per workload x 48 new tokens, each configuration twice
     python bench/defaults.py --temperature 0.7
 """
@@ -42,6 +46,7 @@ from bench._common import write_results  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
 from spec_fast.engine import SpeculativeDecoder  # noqa: E402
 from spec_fast.drafts.heads import load_drafter  # noqa: E402
+from spec_fast.drafts.retrieval import load_retrieval_drafter  # noqa: E402
 from spec_fast.models import chat_prompt_ids, lean_model, load_cached_lean, load_model  # noqa: E402
 from spec_fast.strategies import parse_strategy  # noqa: E402
 # the workloads live in bench/workloads.py (the tuning / held-out split); bench/peers.py and bench/dual.py
@@ -58,6 +63,14 @@ CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:4", "chain:8", "chain:3+ada
 #: so shorter chains and the fallback get a closer look
 SAMPLED_CONFIGURATIONS = ("ar", "chain:1", "chain:2", "chain:3", "chain:1+adaptive", "chain:2+adaptive",
                           "chain:3+adaptive")
+#: the configurations ``--first-acceptance`` runs with other first-level gates
+GATE_VARIANTS_OF = ("chain:4", "chain:8")
+GATE_LABEL = " first="
+
+
+def gate_value(text: str) -> float | None:
+    """A ``--first-acceptance`` entry: ``none`` or a number in (0, 1)."""
+    return None if text == "none" else float(text)
 
 
 def cli_target(quantize: str) -> tuple[Any, Any]:
@@ -83,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                              "what --quantize auto runs for the default model)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="> 0: sampled chat and input-grounded workloads -> defaults_sampled.{json,md}")
+    parser.add_argument("--first-acceptance", default="",
+                        help="comma-separated first-level gates (none or a number in (0, 1)) to run chain:4 and "
+                             "chain:8 with besides the default's")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     if args.prompts > len(TUNING["chat"]):  # more would tune on the prompts held out for reporting
@@ -91,14 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = cli_target(args.quantize)
     eos = tokenizer.eos_token_id
     sampled = args.temperature > 0
-    configurations = SAMPLED_CONFIGURATIONS if sampled else CONFIGURATIONS
+    configurations: tuple[str, ...] = SAMPLED_CONFIGURATIONS if sampled else CONFIGURATIONS
+    gates = [g for g in args.first_acceptance.split(",") if g]
+    if gates and args.draft != "retrieval":
+        parser.error("--first-acceptance needs --draft retrieval")
+    try:
+        gate_values = {g: gate_value(g) for g in gates}
+    except ValueError:
+        parser.error(f"--first-acceptance takes none or numbers, got {args.first_acceptance!r}")
+    if any(v is not None and not 0.0 < v < 1.0 for v in gate_values.values()):
+        parser.error(f"--first-acceptance values must lie in (0, 1), got {args.first_acceptance!r}")
+    configurations += tuple(f"{c}{GATE_LABEL}{g}" for c in GATE_VARIANTS_OF for g in gates)
     workloads = {workload: prompts[: args.prompts] for workload, prompts in TUNING.items()}
     if sampled:  # the long workload's time is its prefill, the same for every configuration
         del workloads["long"]
     # trained drafts are built from the HF model (as the CLI builds them), their LM head on the target's blocks
     drafter = (load_drafter(args.draft, model) if args.draft == "retrieval"
                else load_drafter(args.draft, load_model()[0], target_lm_head=model.get_output_embeddings()))
-    strategies = {name: parse_strategy(name) for name in configurations}
+    strategies = {name: parse_strategy(name.split(GATE_LABEL)[0]) for name in configurations}
+    vocab_size = int(model.get_output_embeddings().weight.shape[0])
+    drafters = {name: load_retrieval_drafter(vocab_size, first_acceptance=gate_values[name.split(GATE_LABEL)[1]])
+                if GATE_LABEL in name else drafter for name in configurations}
     SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
 
     rows: list[dict[str, Any]] = []
@@ -114,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             reference: list[int] | None = None
             per_prompt = {name: [0, 0.0] for name in configurations}
             for name in [*configurations, *reversed(configurations)]:
-                decoder = SpeculativeDecoder(model, drafter if strategies[name].drafts else None, strategies[name])
+                decoder = SpeculativeDecoder(model, drafters[name] if strategies[name].drafts else None,
+                                             strategies[name])
                 result = decoder.generate([ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
                                           eos_token_id=eos)
                 m = result.metrics
@@ -166,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['block_efficiency']:.2f} | {r['mean_prompt_tokens']:.0f} |")
 
     def plot(plt: Any) -> Any:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
+        fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(configurations)), 4))
         names = [n for n in configurations if n != "ar"]
         for i, workload in enumerate(workloads):
             sub = {r["configuration"]: r for r in rows if r["workload"] == workload}
             ax.bar([j + 0.27 * i for j in range(len(names))], [sub[n]["speedup_vs_ar"] for n in names], width=0.27,
                    label=workload)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks([j + 0.27 for j in range(len(names))], names)
+        ax.set_xticks([j + 0.27 for j in range(len(names))], names, rotation=30, ha="right")
         ax.set_ylabel(f"speedup vs ar ({f'T={args.temperature}' if sampled else 'greedy'})")
         ax.legend()
         return fig
