@@ -21,8 +21,9 @@ the same seed per prompt; lossless in distribution, so outputs are not compared)
 ``defaults.json``.
 
 ``--first-acceptance V,...`` adds, for ``chain:4`` and ``chain:8``, the retrieval draft with another first-level
-gate (``spec_fast.drafts.retrieval.FIRST_ACCEPTANCE``; ``none``: every row drafts its first level), labelled
-``chain:4 first=V``: the default's gate is chosen from the same run as its strategy.
+gate than the default's (``spec_fast.drafts.retrieval.FIRST_ACCEPTANCE``; ``none``: every row drafts its first
+level), labelled ``chain:4 first=V``: the default's gate is chosen from the same run as its strategy
+(tests/engine/test_api.py: a ``first=`` row chosen by the rule fails it).
 
     python bench/defaults.py          # 3 prompts per workload x 48 new tokens, each configuration twice
     python bench/defaults.py --temperature 0.7
