@@ -128,9 +128,9 @@ DEFAULT_STRATEGY = "chain:1"
 #: token only where the row's earlier drafts behind such matches were mostly accepted
 #: (:data:`spec_fast.drafts.retrieval.PATH_ACCEPTANCE`). Its first token rides on a pass over 2 tokens, which
 #: costs about 1.12x a one-token pass on the Zen 4 machine of bench/results/pass_width.md. Chosen by
-#: bench/results/defaults.md at fe6f97c (8 chat, 4 input-grounded and 4 long tuning prompts x 96 tokens; chat /
-#: input-grounded / long): ``chain:1`` 1.14x / 1.30x / 1.08x plain, ``chain:4`` 1.15x / 1.50x / 1.15x,
-#: ``chain:8`` 1.14x / 1.51x / 1.17x. The rule (tests/engine/test_api.py): among the configurations whose
+#: bench/results/defaults.md at cc23301 (8 chat, 4 input-grounded and 4 long tuning prompts x 96 tokens; chat /
+#: input-grounded / long): ``chain:1`` 1.00x / 1.16x / 1.07x plain, ``chain:4`` 1.04x / 1.34x / 1.12x,
+#: ``chain:8`` 1.03x / 1.34x / 1.13x (at fe6f97c, before plain steps got faster: 1.15x / 1.50x / 1.15x). The rule (tests/engine/test_api.py): among the configurations whose
 #: slowest workload is within 0.03 (the spread of repeated runs) of the best such, plain decoding included, the
 #: highest geometric mean, means within 0.03 tying to the one listed first. Sampled, deep chains gained nothing (scratch, tuning
 #: prompts: input-grounded 1.02x against 1.03x for ``chain:1``), so sampling keeps
