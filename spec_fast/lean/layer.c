@@ -237,6 +237,13 @@ static inline __attribute__((always_inline)) void prefetch_kv(const void *base, 
     const char *first = (const char *)kv_address(base, index, half);
     for (int64_t offset = 0; offset < dim * (half ? 2 : 4); offset += 64) _mm_prefetch(first + offset, _MM_HINT_T0);
 }
+
+/* prefetch_kv into the L2 cache only: for values the weighted sum reads after the scores and the softmax */
+static inline __attribute__((always_inline)) void prefetch_kv_l2(const void *base, int64_t index, int64_t dim,
+                                                                 int half) {
+    const char *first = (const char *)kv_address(base, index, half);
+    for (int64_t offset = 0; offset < dim * (half ? 2 : 4); offset += 64) _mm_prefetch(first + offset, _MM_HINT_T1);
+}
 #endif
 
 /* o [dim] = inverse * sum over the attended slots j, in slot order, of p[j] v_j (dim a multiple of 16, at most
@@ -366,9 +373,13 @@ static inline __attribute__((always_inline)) __m512 sums16(const __m512 v[LANES]
  * the 16 scores at once. Reducing each score on its own and keeping the running maximum in scalar code took
  * two thirds of the attention's time at 544 slots (about 3.1 of 4.6 us per slot and row of a SmolLM2 pass,
  * scratch). A slot at or past `slots` in the last block reads slot slots - 1 (within the cache) and scores
- * -inf; the mask is read only below `slots`. */
+ * -inf; the mask is read only below `slots`. While it reads a block's keys it asks for the values of the
+ * same slots ahead into L2 (a group's values at 600 slots are 150 KB): the weighted sum after the softmax then
+ * reads them from L2 instead of streaming them from memory on their own, and both streams are in flight
+ * together (bench/results/attention.md). */
 static inline __attribute__((always_inline)) void block_scores(const float *q, int64_t group, const void *keys,
-                                                               int64_t slots, const float *mask, int64_t limit,
+                                                               const void *values, int64_t slots,
+                                                               const float *mask, int64_t limit,
                                                                int dim, float scale, float *scores,
                                                                int64_t stride, float *best, int half) {
     const int vecs = dim / LANES;
@@ -390,6 +401,7 @@ static inline __attribute__((always_inline)) void block_scores(const float *q, i
             const int64_t slot = j0 + 4 * (i % 4) + i / 4;
             key[i] = (slot < slots ? slot : slots - 1) * dim;
             prefetch_kv(keys, (j0 + KV_AHEAD + i) * dim, dim, half);
+            prefetch_kv_l2(values, (j0 + KV_AHEAD + i) * dim, dim, half);
         }
         for (int64_t h = 0; h < group; ++h) {
             __m512 query[MAX_DIM / LANES], sums[LANES];
@@ -427,9 +439,9 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
 #if defined(__AVX512F__)
     if (dim % LANES == 0 && dim <= MAX_DIM && group <= MAX_GROUP) {
         if (dim == 64) {
-            block_scores(q, group, keys, slots, mask, limit, 64, scale, scores, stride, best, half);
+            block_scores(q, group, keys, values, slots, mask, limit, 64, scale, scores, stride, best, half);
         } else if (dim == 128) {
-            block_scores(q, group, keys, slots, mask, limit, 128, scale, scores, stride, best, half);
+            block_scores(q, group, keys, values, slots, mask, limit, 128, scale, scores, stride, best, half);
         } else {
             group_scores(q, group, keys, slots, mask, limit, dim, scale, scores, stride, best, half);
         }
