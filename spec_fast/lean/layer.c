@@ -288,9 +288,13 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 /* weighted_sum for every head of a group in one sweep over the values: o + h dim = inverse[h] * sum over the
  * attended slots j, in slot order, of p[h stride + j] v_j. Each value is read once for the group instead of
  * once per head, and every head's sums take the steps of weighted_sum in the same order, acc = p v + acc:
- * the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). */
+ * the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). With
+ * next_keys (the keys the layer's next (row, key/value head) pair scores; NULL for the last), slot j's key
+ * there is asked for into L2 as slot j's value is read, so the next scores pass starts from L2 instead of
+ * waiting for memory (bench/results/attention.md). */
 static inline __attribute__((always_inline)) void group_weighted_sums(const float *p, int64_t stride,
-                                                                      const void *values, int64_t slots,
+                                                                      const void *values, const void *next_keys,
+                                                                      int64_t slots,
                                                                       const float *mask, int64_t limit, int group,
                                                                       int dim, const float *inverse, float *out,
                                                                       int half) {
@@ -302,6 +306,7 @@ static inline __attribute__((always_inline)) void group_weighted_sums(const floa
         if (excluded(mask, j, limit)) continue;
         __m512 v[MAX_DIM / LANES];
         prefetch_kv(values, (j + KV_AHEAD) * dim, dim, half);
+        if (next_keys != NULL) prefetch_kv_l2(next_keys, j * dim, dim, half);
         for (int c = 0; c < vecs; ++c) v[c] = load_kv16(values, j * dim + c * LANES, half);
         for (int h = 0; h < group; ++h) {
             const __m512 weight = _mm512_set1_ps(p[h * stride + j]);
@@ -431,7 +436,8 @@ static inline __attribute__((always_inline)) void block_scores(const float *q, i
  * output depends only on the attended keys and values. scores: group x stride floats (stride >= slots
  * rounded up to 16). */
 static inline __attribute__((always_inline)) void attend_group(const float *q, int64_t group, const void *keys,
-                                                               const void *values, int64_t slots, const float *mask,
+                                                               const void *values, const void *next_keys,
+                                                               int64_t slots, const float *mask,
                                                                int64_t limit, int64_t dim, float scale,
                                                                float *scores, int64_t stride, float *out, int half) {
     float best[group], total[group];
@@ -478,11 +484,11 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
     /* 64-wide heads in groups of 3 (SmolLM2) or 4: 12 or 16 accumulators and 4 values fit the 32 registers
      * (128-wide groups of 4 would spill them every slot, so they keep the per-head sums) */
     if (dim == 64 && group == 3) {
-        group_weighted_sums(scores, stride, values, slots, mask, limit, 3, 64, inverse, out, half);
+        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 3, 64, inverse, out, half);
         return;
     }
     if (dim == 64 && group == 4) {
-        group_weighted_sums(scores, stride, values, slots, mask, limit, 4, 64, inverse, out, half);
+        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 4, 64, inverse, out, half);
         return;
     }
 #endif
@@ -556,15 +562,19 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
         float *own_scores = scores;
 #endif
         const void *own_keys = kv_address(keys, at, half), *own_values = kv_address(values, at, half);
+        /* the keys of the next pair (its row's b, its head): group_weighted_sums asks for them ahead */
+        const int64_t next = pair + 1;
+        const int64_t next_at = ((next / kv_heads) / num_query * kv_heads + next % kv_heads) * capacity * dim;
+        const void *next_keys = next < rows * kv_heads ? kv_address(keys, next_at, half) : NULL;
         float *own_out = attended + (m * heads + g * group) * dim;
         const float *own_q = qkv + m * qkv_width + g * group * dim;
         /* one instance per cache type, each with compile-time element reads */
         if (half)
-            attend_group(own_q, group, own_keys, own_values, slots, mask_row, past + q + 1, dim, scale, own_scores,
-                         stride, own_out, 1);
+            attend_group(own_q, group, own_keys, own_values, next_keys, slots, mask_row, past + q + 1, dim, scale,
+                         own_scores, stride, own_out, 1);
         else
-            attend_group(own_q, group, own_keys, own_values, slots, mask_row, past + q + 1, dim, scale, own_scores,
-                         stride, own_out, 0);
+            attend_group(own_q, group, own_keys, own_values, next_keys, slots, mask_row, past + q + 1, dim, scale,
+                         own_scores, stride, own_out, 0);
     }
     if (linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads) != 0) {
         free(scratch);
