@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from spec_fast.chat import template_ids
-from spec_fast.detokenize import IncrementalText
+from spec_fast.detokenize import IncrementalText, final_length
 from spec_fast.settings import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_THREADS, GenerateSettings, ModelSource, SettingError,
                                 check_text, resolve_settings)
 
@@ -139,13 +139,7 @@ class StopTextStream:
                 self.stop_tokens = stop_at
             return self._emit(self.text), True
         self.text = text
-        hold = len(text) - len(text.rstrip("\ufffd"))  # an unfinished multi-byte character
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        return self._emit(text[: len(text) - hold]), False
+        return self._emit(text[: final_length(text, self.stop)]), False
 
     def finish(self) -> str:
         return self._emit(self.text)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["IncrementalText"]
+__all__ = ["IncrementalText", "final_length"]
 
 
 class IncrementalText:
@@ -96,3 +96,12 @@ class IncrementalText:
         del self.tokens[count:]
         if self.settled > count:
             self.settled, self.settled_text, self._head = 0, "", None
+
+
+def final_length(text: str, stop: Sequence[str]) -> int:
+    """How much of ``text`` (a reply still growing, with no stop string in it) is final: without its trailing
+    U+FFFD (half a character the next token may finish) and without a trailing proper prefix of a stop string
+    before them (the next tokens may complete it, and a stop string's text is never emitted)."""
+    whole = text.rstrip("\ufffd")
+    held = max((n for s in stop for n in range(1, len(s)) if whole.endswith(s[:n])), default=0)
+    return len(whole) - held

@@ -31,7 +31,7 @@ import torch
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.engine.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache, reuse_is_exact
 from spec_fast.decoding import SamplingParams
-from spec_fast.detokenize import IncrementalText
+from spec_fast.detokenize import IncrementalText, final_length
 from spec_fast.drafts.dual import DualDrafter
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.proposer import Proposer
@@ -400,10 +400,7 @@ class BatchEngine:
         if cut >= 0:
             return text[:cut], stop_at if stop_at is not None else len(request.tokens)
         if not finished:
-            text = text.rstrip("\ufffd")
-            held = max((len(s) - 1 - i for s in request.stop for i in range(len(s) - 1)
-                        if text.endswith(s[: len(s) - 1 - i])), default=0)
-            text = text[: len(text) - held]
+            text = text[: final_length(text, request.stop)]
         return text, None
 
     def _request_text(self, request: _Request) -> str:

@@ -174,6 +174,19 @@ def test_the_text_stream_holds_back_a_possible_stop_string_and_half_characters()
     assert stream.push(_ids("more")) == ("", True)
 
 
+def test_the_text_stream_holds_a_stop_prefix_that_half_a_character_follows() -> None:
+    # "##" then half a character: neither is final, so a stop string "##\u00e9" completed by the next token
+    # never leaks its first characters (the batch engine holds the same, spec_fast.detokenize.final_length)
+    stream = StopTextStream(CharTokenizer(), stop=["##\u00e9"])
+    assert stream.push(_ids("ab##")) == ("ab", False)
+    assert stream.push([1]) == ("", False)
+    assert stream.push([2]) == ("", True)
+    assert stream.text == "ab" and stream.finish() == ""
+    other = StopTextStream(CharTokenizer(), stop=["##x"])
+    assert other.push(_ids("ab##") + [1]) == ("ab", False)
+    assert other.push([2]) == ("##\u00e9", False)
+
+
 def test_without_stop_strings_every_character_is_streamed_once() -> None:
     stream = StopTextStream(CharTokenizer())
     chunks = [stream.push(_ids(part))[0] for part in ("he", "llo", " ", "wor", "ld")]

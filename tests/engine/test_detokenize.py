@@ -131,3 +131,18 @@ def test_first_stop_finds_the_earliest_stop_string_and_the_token_that_completed_
     # "a cat"): the search starts after them
     assert detok.first_stop(text, ["a cat"], 8) == (text.find("a cat"), 10)
     assert detok.first_stop(text, ["dog"], 0) == (-1, None)
+
+
+def test_final_length_holds_an_unfinished_character_and_a_stop_prefix_before_it() -> None:
+    from spec_fast.detokenize import final_length
+
+    assert final_length("Hello ##", ["###"]) == len("Hello ")
+    # the stop string's prefix sits before half a character: both are held (the next tokens may finish the
+    # character, and a later "#" may still complete the stop string after it is dropped)
+    assert final_length("Hello ##\ufffd", ["###"]) == len("Hello ")
+    assert final_length("Hello \ufffd\ufffd", ["END"]) == len("Hello ")
+    assert final_length("Hello E", ["END", "Ex"]) == len("Hello ")
+    assert final_length("Hello EN", ["END", "\n\n"]) == len("Hello ")
+    assert final_length("Hello", ["END"]) == len("Hello")
+    assert final_length("Hello", []) == len("Hello")
+    assert final_length("\ufffd", ["#"]) == 0
