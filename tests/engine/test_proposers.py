@@ -88,8 +88,10 @@ def test_the_engine_calls_the_hooks_in_step_order_and_a_wrapped_proposer_changes
     assert recording.calls.count("compatible") == len(PROMPTS)
     assert calls[:2] == ["drafters", "begin"]
     steps = calls[2:]
-    # a step: draft (unless it is a plain step), then after_verify, then after_commit
-    text = " ".join(steps).replace("draft after_verify after_commit", "S").replace("after_verify after_commit", "P")
+    # a step: gate_caps and draft (unless it is a plain step; gate_caps alone where it made every row's cap 0),
+    # then after_verify, then after_commit
+    text = (" ".join(steps).replace("gate_caps draft after_verify after_commit", "S")
+            .replace("gate_caps after_verify after_commit", "P").replace("after_verify after_commit", "P"))
     assert set(text.split()) <= {"S", "P"} and "S" in text.split(), steps
     assert result.state is not None
     assert isinstance(result.state.proposal, DynaTreeRows) == spec.startswith("dynatree")
