@@ -34,8 +34,8 @@ import torch
 
 from spec_fast.drafts.model import Drafter
 
-__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE", "FIRST_ACCEPTANCE",
-           "MATCH_CLASSES", "match_class",
+__all__ = ["SuffixIndex", "RetrievalState", "RetrievalDrafter", "DATASTORE_PATH", "PATH_ACCEPTANCE",
+           "FIRST_ACCEPTANCE", "MATCH_CLASSES", "match_class",
            "save_datastore", "load_datastore", "load_retrieval_drafter", "context_match", "datastore_sequences",
            "ASSISTANT_HEADER_TOKENS"]
 
@@ -248,7 +248,8 @@ class RetrievalDrafter(Drafter):
         if deep_match is not None and path_acceptance is not None:
             raise ValueError("give deep_match or path_acceptance, not both")
         if first_acceptance is not None and not 0.0 < first_acceptance < 1.0:
-            raise ValueError(f"first_acceptance must lie in (0, 1) or be None, got first_acceptance={first_acceptance!r}")
+            raise ValueError(f"first_acceptance must lie in (0, 1) or be None, "
+                             f"got first_acceptance={first_acceptance!r}")
         if first_acceptance is not None and path_acceptance is None:
             raise ValueError("first_acceptance gates with path_acceptance's estimates: give path_acceptance too")
         self.index = index
