@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                else load_drafter(args.draft, load_model()[0], target_lm_head=model.get_output_embeddings()))
     strategies = {name: parse_strategy(name.split(GATE_LABEL)[0]) for name in configurations}
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
-    drafters = {name: load_retrieval_drafter(vocab_size, first_acceptance=gate_values[name.split(GATE_LABEL)[1]])
-                if GATE_LABEL in name else drafter for name in configurations}
+    # one drafter per gate (a drafter keeps its per-call state in the decoder, so configurations share it)
+    gated = {g: load_retrieval_drafter(vocab_size, first_acceptance=v) for g, v in gate_values.items()}
+    drafters = {name: gated[name.split(GATE_LABEL)[1]] if GATE_LABEL in name else drafter for name in configurations}
     SpeculativeDecoder(model, None, strategies["ar"]).generate([chat_prompt_ids(tokenizer, "Hi")], max_new_tokens=4)
 
     rows: list[dict[str, Any]] = []
