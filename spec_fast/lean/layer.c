@@ -9,15 +9,15 @@
  *   a = attention(q, cached k, v; mask) ; x += a Wo^T (+ bias)
  *   h = rms_norm(x) ; [g, u] = h Wgu^T ; x += (silu(g) * u) Wdown^T
  *
- * The products are those of kernels.c (packed float32) and blocks.c (Q4_1, Q8_0). Attention is computed one
- * query row and key/value head at a time (the query heads of a group share each key read), each score, sum
- * and weighted sum in a fixed order over the cache slots, skipping the slots the mask excludes (their
- * softmax weight would be exactly zero): a query's output depends only on its own vector and the keys and
- * values it attends, never on which other rows share the call. Together
+ * The products are those of kernels.c (packed float32) and blocks.c (Q4_1, Q8_0). Attention is computed per
+ * key/value head for a chunk of one cache row's query rows at a time (the query heads of a group, and the
+ * chunk's rows, share each key read), each score, sum and weighted sum in a fixed order over the cache slots,
+ * skipping the slots the mask excludes (their softmax weight would be exactly zero): a query's output depends
+ * only on its own vector and the keys and values it attends, never on which other rows share the call. Together
  * with the batch-invariant products this makes a verification pass give every token bit for bit the
  * logits a plain decoding step gives it. The arithmetic is float32 (HF's precision); the cache holds keys and
  * values as float32 or, with kv_half, as IEEE float16 (kv_at below).
- * The products and the attention pairs are shared among `threads` OpenMP threads, each output computed
+ * The products and the attention tasks are shared among `threads` OpenMP threads, each output computed
  * whole by one thread, so the thread count changes no result.
  *
  * Layouts: x [M, H] row-major; cos, sin [M, D] (the rotary table's rows for each token's position, the
@@ -56,6 +56,9 @@ typedef struct {
 #define MAX_DIM 256
 /* query heads per key/value head that the AVX-512 scoring keeps in registers (more take the scalar path) */
 #define MAX_GROUP 8
+/* query heads (query rows of one cache row times a group's heads) whose scores one sweep over a key/value head's
+ * keys computes together (more rows take more sweeps) */
+#define MAX_SHARED 16
 /* slots ahead whose keys and values the AVX-512 attention asks for while it reads the current one (a
  * prefetch past the end of the cache never faults) */
 #ifndef KV_AHEAD
@@ -225,6 +228,11 @@ static inline int excluded(const float *mask, int64_t j, int64_t limit) {
     return mask == NULL ? j >= limit : mask[j] <= EXCLUDED;
 }
 
+/* the slots past the last one a query can attend: with a causal limit (no mask) none at or past it */
+static inline int64_t attended_end(const float *mask, int64_t limit, int64_t slots) {
+    return mask == NULL && limit < slots ? limit : slots;
+}
+
 #if defined(__AVX512F__)
 /* 16 cache elements from `index` as float32 (float16 widened exactly) */
 static inline __attribute__((always_inline)) __m512 load_kv16(const void *base, int64_t index, int half) {
@@ -258,7 +266,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 #if defined(__AVX512F__)
     __m512 acc[MAX_DIM / LANES];
     for (int64_t c = 0; c < vecs; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < slots; ++j) {
+    for (int64_t j = 0, end = attended_end(mask, limit, slots); j < end; ++j) {
         if (excluded(mask, j, limit)) continue;
         const __m512 weight = _mm512_set1_ps(p[j]);
         for (int64_t c = 0; c < vecs; ++c)
@@ -269,7 +277,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 #else
     f32x16 acc[MAX_DIM / LANES];
     for (int64_t c = 0; c < vecs; ++c) acc[c] = (f32x16){0};
-    for (int64_t j = 0; j < slots; ++j) {
+    for (int64_t j = 0, end = attended_end(mask, limit, slots); j < end; ++j) {
         if (excluded(mask, j, limit)) continue;
         for (int64_t c = 0; c < vecs; ++c) {
             f32x16 v;
@@ -285,37 +293,43 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
 }
 
 #if defined(__AVX512F__)
-/* weighted_sum for every head of a group in one sweep over the values: o + h dim = inverse[h] * sum over the
- * attended slots j, in slot order, of p[h stride + j] v_j. Each value is read once for the group instead of
- * once per head, and every head's sums take the steps of weighted_sum in the same order, acc = p v + acc:
- * the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). With
- * next_keys (the keys the layer's next (row, key/value head) pair scores; NULL for the last), slot j's key
+/* weighted_sum for every head of a group in one sweep over the values: o + h dim = (1 / t_h) * sum over the
+ * attended slots j, in slot order, of p[h stride + j] v_j, where t_h = the sum of p[h stride + j] over the same
+ * slots in the same order (the softmax's normaliser, computed here instead of in a sweep of its own). Each
+ * value is read once for the group instead of once per head, and every head's sums take the steps of
+ * weighted_sum in the same order, acc = p v + acc: the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). With
+ * next_keys (the keys the layer's next attention task scores; NULL for the last), slot j's key
  * there is asked for into L2 as slot j's value is read, so the next scores pass starts from L2 instead of
  * waiting for memory (bench/results/attention.md). */
 static inline __attribute__((always_inline)) void group_weighted_sums(const float *p, int64_t stride,
                                                                       const void *values, const void *next_keys,
                                                                       int64_t slots,
                                                                       const float *mask, int64_t limit, int group,
-                                                                      int dim, const float *inverse, float *out,
-                                                                      int half) {
+                                                                      int dim, float *out, int half) {
     const int vecs = dim / LANES;
     __m512 acc[MAX_GROUP][MAX_DIM / LANES];
-    for (int h = 0; h < group; ++h)
+    float total[MAX_GROUP];
+    for (int h = 0; h < group; ++h) {
+        total[h] = 0.f;
         for (int c = 0; c < vecs; ++c) acc[h][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < slots; ++j) {
+    }
+    for (int64_t j = 0, end = attended_end(mask, limit, slots); j < end; ++j) {
         if (excluded(mask, j, limit)) continue;
         __m512 v[MAX_DIM / LANES];
         prefetch_kv(values, (j + KV_AHEAD) * dim, dim, half);
         if (next_keys != NULL) prefetch_kv_l2(next_keys, j * dim, dim, half);
         for (int c = 0; c < vecs; ++c) v[c] = load_kv16(values, j * dim + c * LANES, half);
         for (int h = 0; h < group; ++h) {
-            const __m512 weight = _mm512_set1_ps(p[h * stride + j]);
+            const float w = p[h * stride + j];
+            total[h] += w;
+            const __m512 weight = _mm512_set1_ps(w);
             for (int c = 0; c < vecs; ++c) acc[h][c] = _mm512_fmadd_ps(weight, v[c], acc[h][c]);
         }
     }
-    for (int h = 0; h < group; ++h)
-        for (int c = 0; c < vecs; ++c)
-            _mm512_storeu_ps(out + h * dim + c * LANES, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inverse[h])));
+    for (int h = 0; h < group; ++h) {
+        const __m512 inverse = _mm512_set1_ps(1.f / total[h]);
+        for (int c = 0; c < vecs; ++c) _mm512_storeu_ps(out + h * dim + c * LANES, _mm512_mul_ps(acc[h][c], inverse));
+    }
 }
 #endif
 
@@ -391,6 +405,10 @@ static inline __attribute__((always_inline)) void block_scores(const float *q, i
     __m512 most[MAX_GROUP];
     for (int64_t h = 0; h < group; ++h) most[h] = _mm512_set1_ps(-INFINITY);
     for (int64_t j0 = 0; j0 < stride; j0 += LANES) {
+        if (mask == NULL && j0 >= limit) { /* past a causal limit (a prompt's later slots): nothing attended */
+            for (int64_t h = 0; h < group; ++h) _mm512_storeu_ps(scores + h * stride + j0, _mm512_set1_ps(-INFINITY));
+            continue;
+        }
         const int64_t left = slots - j0, open = (mask == NULL ? limit : slots) - j0;
         const __mmask16 present = (__mmask16)(left >= LANES ? 0xFFFFu : (1u << left) - 1u);
         __mmask16 attended = (__mmask16)(open >= LANES ? 0xFFFFu : (open <= 0 ? 0u : (1u << open) - 1u)) & present;
@@ -425,7 +443,120 @@ static inline __attribute__((always_inline)) void block_scores(const float *q, i
     }
     for (int64_t h = 0; h < group; ++h) best[h] = _mm512_reduce_max_ps(most[h]);
 }
+
+/* block_scores for `rows` consecutive query rows of one cache row (a verification pass's tokens, a prompt's
+ * chunk): row i's queries at q + i q_stride, its mask row at mask + i slots (or its limit limit + i), its
+ * group's scores at scores + i group stride and maxima at best + i group. Each block of 16 keys is read from
+ * the cache once for the rows * group query heads instead of once per row, and every score takes
+ * block_scores' steps: the same bits as scoring each row on its own. */
+static inline __attribute__((always_inline)) void shared_block_scores(const float *q, int64_t q_stride, int64_t rows,
+                                                                      int64_t group, const void *keys,
+                                                                      const void *values, int64_t slots,
+                                                                      const float *mask, int64_t limit, int dim,
+                                                                      float scale, float *scores, int64_t stride,
+                                                                      float *best, int half) {
+    const int vecs = dim / LANES;
+    __m512 most[MAX_SHARED];
+    for (int64_t h = 0; h < rows * group; ++h) most[h] = _mm512_set1_ps(-INFINITY);
+    for (int64_t j0 = 0; j0 < stride; j0 += LANES) {
+        if (mask == NULL && j0 >= limit + rows - 1) { /* past every row's causal limit */
+            for (int64_t h = 0; h < rows * group; ++h)
+                _mm512_storeu_ps(scores + h * stride + j0, _mm512_set1_ps(-INFINITY));
+            continue;
+        }
+        const int64_t left = slots - j0;
+        const __mmask16 present = (__mmask16)(left >= LANES ? 0xFFFFu : (1u << left) - 1u);
+        int64_t key[LANES];
+        for (int i = 0; i < LANES; ++i) {
+            const int64_t slot = j0 + 4 * (i % 4) + i / 4;
+            key[i] = (slot < slots ? slot : slots - 1) * dim;
+            prefetch_kv(keys, (j0 + KV_AHEAD + i) * dim, dim, half);
+            prefetch_kv_l2(values, (j0 + KV_AHEAD + i) * dim, dim, half);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *row_mask = mask == NULL ? NULL : mask + r * slots;
+            const int64_t open = (row_mask == NULL ? limit + r : slots) - j0;
+            __mmask16 attended = (__mmask16)(open >= LANES ? 0xFFFFu : (open <= 0 ? 0u : (1u << open) - 1u)) & present;
+            __m512 added = _mm512_setzero_ps();
+            if (row_mask != NULL) {
+                added = _mm512_maskz_loadu_ps(present, row_mask + j0);
+                attended &= _mm512_cmp_ps_mask(added, _mm512_set1_ps(EXCLUDED), _CMP_NLE_UQ);
+            }
+            for (int64_t h = 0; h < group; ++h) {
+                const float *own_q = q + r * q_stride + h * dim;
+                __m512 query[MAX_DIM / LANES], sums[LANES];
+                for (int c = 0; c < vecs; ++c) query[c] = _mm512_loadu_ps(own_q + c * LANES);
+                for (int i = 0; i < LANES; ++i) {
+                    __m512 acc = _mm512_mul_ps(query[0], load_kv16(keys, key[i], half));
+                    for (int c = 1; c < vecs; ++c)
+                        acc = _mm512_fmadd_ps(query[c], load_kv16(keys, key[i] + c * LANES, half), acc);
+                    sums[i] = acc;
+                }
+                const __m512 raw = _mm512_add_ps(_mm512_mul_ps(sums16(sums), _mm512_set1_ps(scale)), added);
+                const __m512 s = _mm512_mask_blend_ps(attended, _mm512_set1_ps(-INFINITY), raw);
+                most[r * group + h] = _mm512_max_ps(s, most[r * group + h]);
+                _mm512_storeu_ps(scores + (r * group + h) * stride + j0, s);
+            }
+        }
+    }
+    for (int64_t h = 0; h < rows * group; ++h) best[h] = _mm512_reduce_max_ps(most[h]);
+}
 #endif
+
+/* The rest of attend_group once its scores and their maxima `best` are in `scores` (overwritten with the
+ * weights): the softmax and the weighted sums of the values into out [group, dim]. */
+static inline __attribute__((always_inline)) void finish_group(const float *best, int64_t group, const void *values,
+                                                               const void *next_keys, int64_t slots,
+                                                               const float *mask, int64_t limit, int64_t dim,
+                                                               float *scores, int64_t stride, float *out, int half) {
+    float total[group];
+    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
+    if (best[0] == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
+    for (int64_t h = 0; h < group; ++h)
+        for (int64_t j0 = 0; j0 < stride; j0 += LANES) exp16_shifted(scores + h * stride + j0, best[h]);
+    /* each head's sum of the weights runs in slot order, so that it does not depend on which slots the pass put
+     * the attended entries in (an excluded slot's weight is exactly 0 and changes no sum) */
+#if defined(__AVX512F__)
+    /* 64-wide heads in groups of 3 (SmolLM2) or 4: 12 or 16 accumulators and 4 values fit the 32 registers
+     * (128-wide groups of 4 would spill them every slot, so they keep the per-head sums); the sums of the
+     * weights ride along in the same sweep */
+    if (dim == 64 && group == 3) {
+        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 3, 64, out, half);
+        return;
+    }
+    if (dim == 64 && group == 4) {
+        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 4, 64, out, half);
+        return;
+    }
+#endif
+    for (int64_t h = 0; h < group; ++h) {
+        total[h] = 0.f;
+        for (int64_t j = 0; j < slots; ++j) total[h] += scores[h * stride + j];
+    }
+    float inverse[group];
+    for (int64_t h = 0; h < group; ++h) inverse[h] = 1.f / total[h];
+    for (int64_t h = 0; h < group; ++h) {
+        const float *p = scores + h * stride;
+        float *o = out + h * dim;
+        if (dim % LANES == 0 && dim <= MAX_DIM) {
+            /* the weighted sum in registers (o would be reloaded around every store otherwise), with the
+             * head size a compile-time constant for the common sizes */
+            if (dim == 64) {
+                weighted_sum(p, values, slots, mask, limit, 64, inverse[h], o, half);
+            } else if (dim == 128) {
+                weighted_sum(p, values, slots, mask, limit, 128, inverse[h], o, half);
+            } else {
+                weighted_sum(p, values, slots, mask, limit, dim, inverse[h], o, half);
+            }
+        } else {
+            for (int64_t j = 0, end = attended_end(mask, limit, slots); j < end; ++j) {
+                if (excluded(mask, j, limit)) continue;
+                for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * kv_at(values, j * dim + i, half);
+            }
+            for (int64_t i = 0; i < dim; ++i) o[i] *= inverse[h];
+        }
+    }
+}
 
 /* Attention of the `group` query heads that share one key/value head (grouped-query attention): head h's
  * query at q + h dim, its output at out + h dim. out = softmax over the attended slots of (q . k_j) scale +
@@ -440,7 +571,7 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
                                                                int64_t slots, const float *mask,
                                                                int64_t limit, int64_t dim, float scale,
                                                                float *scores, int64_t stride, float *out, int half) {
-    float best[group], total[group];
+    float best[group];
     for (int64_t h = 0; h < group; ++h) best[h] = -INFINITY;
 #if defined(__AVX512F__)
     if (dim % LANES == 0 && dim <= MAX_DIM && group <= MAX_GROUP) {
@@ -470,49 +601,41 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
             }
         }
     }
-    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
-    if (best[0] == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
-    for (int64_t h = 0; h < group; ++h) {
-        float *row = scores + h * stride;
-        for (int64_t j0 = 0; j0 < stride; j0 += LANES) exp16_shifted(row + j0, best[h]);
-        total[h] = 0.f;
-        for (int64_t j = 0; j < slots; ++j) total[h] += row[j];
-    }
-    float inverse[group];
-    for (int64_t h = 0; h < group; ++h) inverse[h] = 1.f / total[h];
+    finish_group(best, group, values, next_keys, slots, mask, limit, dim, scores, stride, out, half);
+}
+
+/* attend_group for `rows` consecutive query rows of one cache row that share a key/value head: row i's
+ * queries at q + i q_stride, its output at out + i out_stride, its mask row at mask + i slots (or its limit
+ * limit + i). With AVX-512 and 64- or 128-wide heads the rows' scores come from one sweep over the keys
+ * (shared_block_scores), a verification pass's tokens and a prompt's chunk reading each key once instead of
+ * once per token; every row's output is still the one attend_group gives it alone, bit for bit.
+ * next_keys goes to the last row's weighted sums. scores: rows x group x stride floats. */
+static inline __attribute__((always_inline)) void attend_rows(const float *q, int64_t q_stride, int64_t rows,
+                                                              int64_t group, const void *keys, const void *values,
+                                                              const void *next_keys, int64_t slots,
+                                                              const float *mask, int64_t limit, int64_t dim,
+                                                              float scale, float *scores, int64_t stride,
+                                                              float *out, int64_t out_stride, int half) {
 #if defined(__AVX512F__)
-    /* 64-wide heads in groups of 3 (SmolLM2) or 4: 12 or 16 accumulators and 4 values fit the 32 registers
-     * (128-wide groups of 4 would spill them every slot, so they keep the per-head sums) */
-    if (dim == 64 && group == 3) {
-        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 3, 64, inverse, out, half);
-        return;
-    }
-    if (dim == 64 && group == 4) {
-        group_weighted_sums(scores, stride, values, next_keys, slots, mask, limit, 4, 64, inverse, out, half);
+    if (rows > 1 && rows * group <= MAX_SHARED && (dim == 64 || dim == 128)) {
+        float best[MAX_SHARED];
+        if (dim == 64)
+            shared_block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 64, scale, scores,
+                                stride, best, half);
+        else
+            shared_block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 128, scale, scores,
+                                stride, best, half);
+        for (int64_t r = 0; r < rows; ++r)
+            finish_group(best + r * group, group, values, r + 1 == rows ? next_keys : NULL, slots,
+                         mask == NULL ? NULL : mask + r * slots, limit + r, dim, scores + r * group * stride, stride,
+                         out + r * out_stride, half);
         return;
     }
 #endif
-    for (int64_t h = 0; h < group; ++h) {
-        const float *p = scores + h * stride;
-        float *o = out + h * dim;
-        if (dim % LANES == 0 && dim <= MAX_DIM) {
-            /* the weighted sum in registers (o would be reloaded around every store otherwise), with the
-             * head size a compile-time constant for the common sizes */
-            if (dim == 64) {
-                weighted_sum(p, values, slots, mask, limit, 64, inverse[h], o, half);
-            } else if (dim == 128) {
-                weighted_sum(p, values, slots, mask, limit, 128, inverse[h], o, half);
-            } else {
-                weighted_sum(p, values, slots, mask, limit, dim, inverse[h], o, half);
-            }
-        } else {
-            for (int64_t j = 0; j < slots; ++j) {
-                if (excluded(mask, j, limit)) continue;
-                for (int64_t i = 0; i < dim; ++i) o[i] += p[j] * kv_at(values, j * dim + i, half);
-            }
-            for (int64_t i = 0; i < dim; ++i) o[i] *= inverse[h];
-        }
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        attend_group(q + r * q_stride, group, keys, values, r + 1 == rows ? next_keys : NULL, slots,
+                     mask == NULL ? NULL : mask + r * slots, limit + r, dim, scale, scores, stride,
+                     out + r * out_stride, half);
 }
 
 /* One decoder layer over x [batch * num_query, hidden] in place (see the header). Returns 0, or -1 when
@@ -526,8 +649,19 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
     const int64_t qkv_width = (heads + 2 * kv_heads) * dim, inter = w->intermediate, slots = past + num_query;
     if (threads < 1) threads = 1;
     const int64_t stride = (slots + LANES - 1) / LANES * LANES;
+    /* query rows per attention task: as many as share a key sweep, fewer where threads would go idle (at least
+     * two tasks per thread) */
+    int64_t chunk_rows = group <= MAX_SHARED ? MAX_SHARED / group : 1;
+    if (threads > 1) {
+        const int64_t wanted = (2 * threads + batch * kv_heads - 1) / (batch * kv_heads); /* chunks per row */
+        const int64_t fitting = (num_query + wanted - 1) / wanted;
+        if (fitting < chunk_rows) chunk_rows = fitting;
+    }
+    if (chunk_rows > num_query) chunk_rows = num_query;
+    if (chunk_rows < 1) chunk_rows = 1;
+    const int64_t chunks = (num_query + chunk_rows - 1) / chunk_rows, tasks = batch * chunks * kv_heads;
     const size_t floats = (size_t)(rows * hidden + rows * qkv_width + rows * heads * dim + rows * hidden +
-                                   rows * 2 * inter + rows * inter + threads * group * stride);
+                                   rows * 2 * inter + rows * inter + threads * chunk_rows * group * stride);
     float *scratch = malloc(floats * sizeof(float));
     if (scratch == NULL) return -1;
     float *normed = scratch, *qkv = normed + rows * hidden, *attended = qkv + rows * qkv_width;
@@ -550,31 +684,35 @@ int64_t spec_fast_layer(const spec_fast_layer_weights *w, float *x, int64_t batc
             store_kv(values, at, row + (heads + kv_heads + g) * dim, dim, half);
         }
     }
-    /* one (query row, key/value head) pair per iteration, each with its own thread's score buffer */
-#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && rows * kv_heads > 1)
-    for (int64_t pair = 0; pair < rows * kv_heads; ++pair) {
-        const int64_t m = pair / kv_heads, g = pair % kv_heads, b = m / num_query, q = m % num_query;
-        const float *mask_row = mask == NULL ? NULL : mask + (b * num_query + q) * slots;
+    /* one task per (cache row, chunk of its query rows, key/value head), each with its own thread's score
+     * buffer: a chunk's rows share each key read (attend_rows), and with several threads the chunks are cut
+     * small enough for every thread to get tasks */
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && tasks > 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t b = task / (chunks * kv_heads), chunk = task / kv_heads % chunks, g = task % kv_heads;
+        const int64_t q = chunk * chunk_rows, count = num_query - q < chunk_rows ? num_query - q : chunk_rows;
+        const int64_t m = b * num_query + q;
+        const float *mask_rows = mask == NULL ? NULL : mask + m * slots;
         const int64_t at = (b * kv_heads + g) * capacity * dim;
 #ifdef _OPENMP
-        float *own_scores = scores + (int64_t)omp_get_thread_num() * group * stride;
+        float *own_scores = scores + (int64_t)omp_get_thread_num() * chunk_rows * group * stride;
 #else
         float *own_scores = scores;
 #endif
         const void *own_keys = kv_address(keys, at, half), *own_values = kv_address(values, at, half);
-        /* the keys of the next pair (its row's b, its head): group_weighted_sums asks for them ahead */
-        const int64_t next = pair + 1;
-        const int64_t next_at = ((next / kv_heads) / num_query * kv_heads + next % kv_heads) * capacity * dim;
-        const void *next_keys = next < rows * kv_heads ? kv_address(keys, next_at, half) : NULL;
+        /* the keys of the next task (its row's b, its head): the weighted sums ask for them ahead */
+        const int64_t next = task + 1;
+        const int64_t next_at = (next / (chunks * kv_heads) * kv_heads + next % kv_heads) * capacity * dim;
+        const void *next_keys = next < tasks ? kv_address(keys, next_at, half) : NULL;
         float *own_out = attended + (m * heads + g * group) * dim;
         const float *own_q = qkv + m * qkv_width + g * group * dim;
         /* one instance per cache type, each with compile-time element reads */
         if (half)
-            attend_group(own_q, group, own_keys, own_values, next_keys, slots, mask_row, past + q + 1, dim, scale,
-                         own_scores, stride, own_out, 1);
+            attend_rows(own_q, qkv_width, count, group, own_keys, own_values, next_keys, slots, mask_rows,
+                        past + q + 1, dim, scale, own_scores, stride, own_out, heads * dim, 1);
         else
-            attend_group(own_q, group, own_keys, own_values, next_keys, slots, mask_row, past + q + 1, dim, scale,
-                         own_scores, stride, own_out, 0);
+            attend_rows(own_q, qkv_width, count, group, own_keys, own_values, next_keys, slots, mask_rows,
+                        past + q + 1, dim, scale, own_scores, stride, own_out, heads * dim, 0);
     }
     if (linear(w->o_kind, w->o, w->o_bias, attended, rows, heads * dim, hidden, projected, threads) != 0) {
         free(scratch);
