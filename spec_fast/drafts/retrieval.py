@@ -126,10 +126,14 @@ class SuffixIndex:
         datastore followed by a token, and the distinct following tokens ``ids`` (ascending) with their
         counts (``m = 0``: the unigram law of every position)."""
         m, lo, hi = self._match_range(context)
+        return (m, *self.followers(m, lo, hi))
+
+    def followers(self, m: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, counts)`` of :meth:`match` for the match ``(m, lo, hi)`` that :meth:`_match_range` found."""
         if m == 0:
-            return 0, self._unigram_ids, self._unigram_counts
+            return self._unigram_ids, self._unigram_counts
         ids, counts = np.unique(self.next_tokens[lo:hi], return_counts=True)
-        return m, ids, counts.astype(np.float64)
+        return ids, counts.astype(np.float64)
 
 
 def context_match(context: Sequence[int], max_match: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -274,10 +278,14 @@ class RetrievalDrafter(Drafter):
             if m_own > 0:
                 return m_own, own_ids, own
             return 0, np.arange(self.vocab_size), np.ones(self.vocab_size)
-        m_data, data_ids, data = self.index.match(context)
+        # the datastore's law is needed only where its match is longer than the own text's (a tie goes to the
+        # own text): its length first, the followers of the matched positions (a sort) only then
+        if m_own > 0 and m_own >= self.index.max_match:
+            return m_own, own_ids, own
+        m_data, lo, hi = self.index._match_range(context)
         if m_own >= m_data and m_own > 0:
             return m_own, own_ids, own
-        return m_data, data_ids, data
+        return (m_data, *self.index.followers(m_data, lo, hi))
 
     def law(self, context: Sequence[int]) -> tuple[int, np.ndarray]:
         """``(match length, weights [V])``: :meth:`sparse_law` as a dense vector (zeros elsewhere)."""
