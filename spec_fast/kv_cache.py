@@ -77,7 +77,7 @@ class TreeKVCache:
 
     def forward(
         self, tokens: torch.Tensor, parents: torch.Tensor, output_hidden_states: bool = False,
-        logits_to_keep: int = 0,
+        logits_to_keep: int = 0, chain: bool = False,
     ) -> Any:
         """Run the model on ``Q`` new block entries per row and append their KV entries.
 
@@ -90,17 +90,30 @@ class TreeKVCache:
                 ``returns_final_hidden_state`` (the lean forward) is asked for that entry alone.
             logits_to_keep: ``k > 0`` asks the model for the logits of the last ``k`` entries only (HF's
                 ``logits_to_keep``; a prefill needs none of them, so it saves the LM head on the prompt).
+            chain: the caller's word that ``parents[b, j] = j - 1`` in every row (nothing is read to check
+                it): with no block entries yet and no padded rows, the ancestor relation and the depths are
+                then built directly instead of by the closure of :func:`extend_ancestors` (a prompt's prefill
+                took ``log2(Q)`` products of ``[Q, Q]`` matrices), and a model that attends causally when
+                given no mask (``causal_without_mask``: the lean forward) gets none.
 
         Returns:
             the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``).
         """
         num_query = int(tokens.shape[1])
+        behind_context = self.ancestors.shape[1] == 0 and not self.padded
         # a single query right behind an unpadded context sees every slot: no mask needed, and HF's
-        # unmasked attention path is the faster one (plain decoding steps)
-        plain = num_query == 1 and self.ancestors.shape[1] == 0 and not self.padded
-        self.ancestors = extend_ancestors(self.ancestors, parents)
-        # block depth = number of block ancestors (self excluded): the position offset below the context
-        depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
+        # unmasked attention path is the faster one (plain decoding steps); so does a chain there, causally,
+        # for a model that takes no mask as causal attention
+        plain = behind_context and (num_query == 1 or (chain and getattr(self.model, "causal_without_mask", False)))
+        if chain and behind_context:
+            batch = self.batch_size
+            self.ancestors = torch.ones(num_query, num_query, dtype=torch.bool, device=self.device).tril().expand(
+                batch, num_query, num_query).contiguous()
+            depths = torch.arange(num_query, device=self.device).expand(batch, num_query)
+        else:
+            self.ancestors = extend_ancestors(self.ancestors, parents)
+            # block depth = number of block ancestors (self excluded): the position offset below the context
+            depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
         positions = self.lengths.unsqueeze(1) + depths
         mask = None if plain else additive_mask(  # (a plain step skips the walk over the parameters too)

@@ -333,7 +333,8 @@ class SpeculativeDecoder:
         st.steps += 1
         fresh = st.fresh
         if not any(fresh):
-            out = st.target_cache.forward(draft.tokens_in, tree.parents, output_hidden_states=st.wants_hidden)
+            out = st.target_cache.forward(draft.tokens_in, tree.parents, output_hidden_states=st.wants_hidden,
+                                          chain=draft.chain)
             return out.logits, (out.hidden_states[-1] if st.wants_hidden else None)
         assert st.root_logits is not None
         # a fresh row's root is already in the cache with its logits (the prefill's)

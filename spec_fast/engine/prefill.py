@@ -52,7 +52,9 @@ def prefill_target(
     lowest_root = min(len(p) for p in prompts) - 1
     if previous:
         lowest_root = max(lowest_root - 1, 0)
-    out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=width - lowest_root)
+    # prompts of one length: every row one chain (with padding after a shorter prompt, it is not)
+    out = state.forward(tokens, parents, output_hidden_states=hidden, logits_to_keep=width - lowest_root,
+                        chain=len({len(p) for p in prompts}) == 1)
     keep = torch.arange(width, device=device).expand(len(prompts), width)
     state.commit(keep, lengths)
     rows = torch.arange(len(prompts), device=device)

@@ -278,6 +278,7 @@ class LeanLlama(WatchedModule):
     """
 
     returns_final_hidden_state = True  # forward takes final_hidden_state_only (TreeKVCache asks for it)
+    causal_without_mask = True  # attention_mask=None attends causally (TreeKVCache then builds no chain mask)
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -451,14 +452,17 @@ class LeanLlama(WatchedModule):
         layers: list[Any] = list(self.model.layers)
         # converted once per pass to the attention dtype (each layer would otherwise convert it again)
         wide: torch.dtype = layers[0].self_attn.attention_dtype if layers else torch.float32
-        mask = _additive(attention_mask, num_query, past, input_ids.device)
-        # one [B, 1, Q, K] block for every layer (the native layer reads it row by row)
-        mask = None if mask is None else mask.to(wide).expand(batch, 1, num_query, int(mask.shape[-1])).contiguous()
+        # one [B, 1, Q, K] block for every layer (the native layer reads it row by row); none for causal
+        # attention where the whole stack runs natively (the native layer attends causally without one)
+        mask = (None if attention_mask is None
+                else self._block_mask(attention_mask, batch, num_query, past, wide, input_ids.device))
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
         every_layer = output_hidden_states and not final_hidden_state_only
         hidden: list[torch.Tensor] = [x] if every_layer else []
         stack = None if every_layer or not layers else past_key_values.native_stack(layers, x, mask)
+        if stack is None and mask is None and num_query > 1:
+            mask = self._block_mask(None, batch, num_query, past, wide, input_ids.device)
         if stack is not None:
             # every layer in one native call, the shared arguments checked once (the same arithmetic as the
             # loop below, without its per-layer Python), writing into a copy of x; it returns the final norm
@@ -479,6 +483,13 @@ class LeanLlama(WatchedModule):
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         return LeanOutput(self.lm_head(x), tuple(hidden) if output_hidden_states else None, past_key_values)
+
+    @staticmethod
+    def _block_mask(attention_mask: torch.Tensor | None, batch: int, num_query: int, past: int,
+                    wide: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """:func:`_additive`'s mask in the attention dtype, expanded to ``[B, 1, Q, K]`` and contiguous."""
+        mask = _additive(attention_mask, num_query, past, device)
+        return None if mask is None else mask.to(wide).expand(batch, 1, num_query, int(mask.shape[-1])).contiguous()
 
 
 def _norm(hf_norm: Any) -> RMSNorm:

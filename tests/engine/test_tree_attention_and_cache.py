@@ -279,3 +279,39 @@ def test_extend_ancestors_is_the_entry_by_entry_relation(data: Any, batch: int, 
     old = _ancestors_entry_by_entry(empty, parents_of(0, num_old)) if num_old else empty
     new_parents = parents_of(num_old, num_new)
     assert torch.equal(extend_ancestors(old, new_parents), _ancestors_entry_by_entry(old, new_parents))
+
+
+@pytest.mark.parametrize("name", ["lean", "lean-python", "llama", "gpt2"])
+@pytest.mark.parametrize("width", [1, 2, 5, 19])
+def test_a_chain_forwarded_as_one_equals_the_same_block_as_a_tree(name: str, width: int) -> None:
+    """``forward(chain=True)`` (the caller's word that the block is one path below the context) builds the
+    ancestor relation and the depths directly and, for the lean forward, passes no mask (its causal
+    attention): logits, relation, depths and the cache after a partial commit equal those of the same block
+    given as a tree. "lean-python": every lean layer in Python, where no mask must still mean causal."""
+    if name.startswith("lean"):
+        model = LeanLlama.from_hf(MODELS["llama"])
+        model.use_native_layers(name == "lean")
+    else:
+        model = MODELS[name]
+    generator = torch.Generator().manual_seed(width)
+    context = torch.randint(0, 64, (2, 7), generator=generator)
+    block = torch.randint(0, 64, (2, width), generator=generator)
+    parents = torch.arange(-1, width - 1).expand(2, width)
+    results = []
+    for chain in (False, True):
+        cache = TreeKVCache(model, 2, torch.device("cpu"))
+        with torch.no_grad():
+            cache.forward(context, torch.arange(-1, 6).expand(2, 7), chain=chain)
+            cache.commit(torch.arange(7).expand(2, 7), torch.tensor([7, 7]))
+            logits = cache.forward(block, parents, chain=chain).logits
+            relation, depths = cache.ancestors.clone(), cache.block_depths.clone()
+            cache.commit(torch.arange(width).expand(2, width), torch.tensor([width, max(width - 1, 0)]))
+            after = cache.forward(torch.tensor([[3], [4]]), torch.tensor([[-1], [-1]])).logits
+        results.append((logits, relation, depths, after))
+    (tree_logits, tree_relation, tree_depths, tree_after), (logits, relation, depths, after) = results
+    assert torch.equal(relation, tree_relation) and torch.equal(depths, tree_depths)
+    if name == "lean":  # the native layer's causal limit attends the slots the mask allows, in the same order
+        assert torch.equal(logits, tree_logits) and torch.equal(after, tree_after)
+    else:
+        torch.testing.assert_close(logits, tree_logits, rtol=0, atol=ATOL)
+        torch.testing.assert_close(after, tree_after, rtol=0, atol=ATOL)
