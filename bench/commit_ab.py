@@ -7,6 +7,7 @@ then alternates processes of the two checkouts, the order reversed every round; 
 model from its own checkout (its native library built from its own sources), decodes the same prompts (token
 ids computed once, here) and reports decode-only ms per token for each. Per side: the median over the
 rounds of each process's median over the prompts; the ratio of the two; whether both gave the same tokens.
+The time to the first token (the prompt's prefill and the first step) is reported beside it the same way.
 
     python bench/commit_ab.py --baseline 61d7606   # writes bench/results/commit_ab.{json,md,png}
 """
@@ -47,7 +48,8 @@ with torch.no_grad():
         m = decoder.generate([ids], max_new_tokens=job["max_new_tokens"], sampling=sampling)
         metrics = m.metrics
         decode = (metrics.wall_s - metrics.ttft_s) / max(1, metrics.generated_tokens - 1)
-        out.append({"decode_ms": 1e3 * decode, "tokens": list(m.tokens[0]), "passes": metrics.target_passes})
+        out.append({"decode_ms": 1e3 * decode, "first_token_ms": 1e3 * metrics.ttft_s, "tokens": list(m.tokens[0]),
+                    "passes": metrics.target_passes})
 print("RESULT " + json.dumps(out))
 """
 
@@ -122,8 +124,11 @@ def main() -> int:
     same = all(a["tokens"] == b["tokens"] for x, y in zip(runs["this checkout"], runs["baseline"])
                for a, b in zip(x, y))
     ratio = ms["baseline"] / ms["this checkout"]
+    first = {name: statistics.median(statistics.median(r["first_token_ms"] for r in run) for run in runs[name])
+             for name in sides}
+    first_ratio = first["baseline"] / first["this checkout"]
     rows = [{"side": name, "commit": here if name == "this checkout" else base, "ms_per_token": ms[name],
-             "per_round": medians[name]} for name in sides]
+             "first_token_ms": first[name], "per_round": medians[name]} for name in sides]
     meta = {
         "command": "python bench/commit_ab.py " + " ".join(sys.argv[1:]),
         "commit": here, "baseline": f"{args.baseline} ({base})",
@@ -136,10 +141,11 @@ def main() -> int:
         "load average (1 min) over the rounds": f"{min(loads):.1f} to {max(loads):.1f}",
         "same tokens on both sides": same,
     }
-    table = ["| side | commit | decode ms/token | per round |", "|---|---|---:|---|",
-             *(f"| {r['side']} | {r['commit']} | {r['ms_per_token']:.3f} | "
+    table = ["| side | commit | decode ms/token | first token ms | per round (decode) |", "|---|---|---:|---:|---|",
+             *(f"| {r['side']} | {r['commit']} | {r['ms_per_token']:.3f} | {r['first_token_ms']:.1f} | "
                f"{', '.join(f'{v:.2f}' for v in r['per_round'])} |" for r in rows),
-             "", f"This checkout decodes {ratio:.3f}x as fast as the baseline (baseline ms / this ms)."]
+             "", f"This checkout decodes {ratio:.3f}x as fast as the baseline (baseline ms / this ms); its first "
+             f"token comes {first_ratio:.3f}x as fast."]
 
     def plot(plt: Any) -> Any:
         fig, ax = plt.subplots(figsize=(5, 3))
@@ -151,7 +157,8 @@ def main() -> int:
         return fig
 
     write_results(args.out, args.name, "Decoding speed of this checkout against a baseline commit",
-                  {**meta, "speedup": round(ratio, 4)}, rows, table, plot)
+                  {**meta, "speedup": round(ratio, 4), "first_token_speedup": round(first_ratio, 4)}, rows, table,
+                  plot)
     return 0
 
 
