@@ -33,8 +33,8 @@ import torch
 from spec_fast.decoding import SamplingParams
 from spec_fast.kv_cache import TreeKVCache
 
-__all__ = ["DepthEvidence", "PassCost", "measure_pass_cost", "measure_step_cost", "choose_depth", "DRAFT_MARGIN",
-           "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS", "BLOCK_STEPS"]
+__all__ = ["DepthEvidence", "PassCost", "measure_pass_cost", "measure_step_cost", "measured_depths", "choose_depth",
+           "DRAFT_MARGIN", "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS", "BLOCK_STEPS"]
 
 #: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
 PRIOR_ACCEPTANCE = 0.5
@@ -127,14 +127,20 @@ class PassCost:
 
     def __call__(self, rows: int, tokens: int) -> float:
         """The cost at ``(rows, tokens)``: the measured point, else the nearest measured row count above
-        (below when none), scaled linearly in rows, and the widest measured ``tokens`` beyond it."""
+        (below when none), scaled linearly in rows; between two measured ``tokens`` the straight line between
+        them, beyond the widest the widest."""
         row_counts = sorted({r for r, _ in self.seconds})
-        widths = sorted({t for _, t in self.seconds})
-        width = min(tokens, widths[-1])
-        width = min((t for t in widths if t >= width), default=widths[-1])
         above = [r for r in row_counts if r >= rows]
         base = above[0] if above else row_counts[-1]
-        return self.seconds[(base, width)] * (rows / base if not above else 1.0)
+        scale = rows / base if not above else 1.0
+        widths = sorted(t for r, t in self.seconds if r == base)
+        width = min(tokens, widths[-1])
+        upper = min(t for t in widths if t >= width)
+        lower = max((t for t in widths if t <= width), default=upper)
+        if lower == upper:
+            return self.seconds[(base, upper)] * scale
+        low, high = self.seconds[(base, lower)], self.seconds[(base, upper)]
+        return (low + (high - low) * (width - lower) / (upper - lower)) * scale
 
 
 def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (1, 2, 4, 8),
@@ -190,11 +196,21 @@ WARM_STEPS = 2
 BLOCK_STEPS = 3
 
 
+def measured_depths(max_depth: int) -> list[int]:
+    """The draft depths :func:`measure_step_cost` times: every one up to 4, then 6, 8, 12, 16, ... and
+    ``max_depth`` (:class:`PassCost` draws the straight line between them). Every depth of ``chain:8`` took 30 s
+    to time at 1-8 rows on one Zen 4 thread against 12 s for ``chain:4``'s (scratch runs); a step's cost grows
+    about linearly with its width there (bench/results/pass_width_shared/pass_width.md)."""
+    spaced = sorted({m for k in range(2, max(2, max_depth.bit_length()) + 1) for m in (1 << k, 3 << (k - 1))})
+    depths = list(range(min(max_depth, 4) + 1)) + [m for m in spaced if 4 < m < max_depth]
+    return depths if depths[-1] == max_depth else [*depths, max_depth]
+
+
 def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2, 4, 8), context: int = 64,
                       repeats: int = 5) -> PassCost:
     """Seconds of one whole step of ``decoder`` (a :class:`~spec_fast.engine.decoder.SpeculativeDecoder`:
     drafting, the target pass, verification and the commit) over ``rows`` greedy rows behind ``context``
-    prompt tokens, at each draft depth ``0 .. max_depth``, keyed ``(rows, depth + 1)``; each point is the
+    prompt tokens, at each draft depth of :func:`measured_depths`, keyed ``(rows, depth + 1)``; each point is the
     median of the timed steps of ``repeats`` rounds. In a round every depth runs ``BLOCK_STEPS`` steps in a
     row, the first untimed (it pays for the change of depth, which decoding at a settled depth does not),
     in increasing order of depth and decreasing in the next round; ``WARM_STEPS`` untimed rounds come first.
@@ -216,9 +232,10 @@ def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2,
             prompts = torch.cat([run, run], dim=1)[:, :context].tolist()
             state = decoder.begin(prompts, [1 << 30] * batch, [SamplingParams()] * batch, list(range(batch)), set())
             state.controller = None
-            times: dict[int, list[float]] = {depth: [] for depth in range(max_depth + 1)}
+            measured = measured_depths(max_depth)
+            times: dict[int, list[float]] = {depth: [] for depth in measured}
             for repeat in range(repeats + WARM_STEPS):
-                depths = range(max_depth + 1) if repeat % 2 == 0 else range(max_depth, -1, -1)
+                depths = measured if repeat % 2 == 0 else measured[::-1]
                 for depth in depths:
                     state.step_cost = forcing(depth, max_depth)
                     for block_step in range(BLOCK_STEPS):

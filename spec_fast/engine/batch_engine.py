@@ -71,7 +71,7 @@ class StepDecoder(Protocol):
 
     def step(self, st: DecodeState) -> list[list[int]]: ...
 
-    def step_cost(self) -> PassCost: ...
+    def step_cost(self, max_rows: int = 8) -> PassCost: ...
 
 
 class QueueFullError(RuntimeError):
@@ -358,7 +358,7 @@ class BatchEngine:
         for request, cached in zip(admitted, joining.cached_prompt):
             request.stats.cached_prompt_tokens = cached
         if self.depth_policy == "cost" and self.decoder.strategy.drafts:
-            joining.step_cost = self.decoder.step_cost()
+            joining.step_cost = self.decoder.step_cost(self.max_batch_size)
         if self.state is None:
             self.state = joining
             if not self.static:  # room for a full batch: later requests join by a copy of their own rows

@@ -108,21 +108,24 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         #: ``+adaptive`` controller for greedy calls, kept across calls (it never changes greedy tokens)
         self.controller = AdaptiveController() if strategy.adaptive else None
-        self._step_costs: dict[int, PassCost] = {}
+        self._step_costs: dict[tuple[int, tuple[int, ...]], PassCost] = {}
         self.context_length = int(
             getattr(target.config, "max_position_embeddings", 0) or getattr(target.config, "n_positions", 0) or 0
         )
 
-    def step_cost(self) -> PassCost:
+    def step_cost(self, max_rows: int = 8) -> PassCost:
         """The measured cost of one decoding step by (rows, draft depth + 1) that the ``cost`` depth policy reads
         (:func:`spec_fast.engine.batch_depth.measure_step_cost`; without drafts, the target pass's cost by rows
         and tokens, :func:`~spec_fast.engine.batch_depth.measure_pass_cost`), measured on first use at the
-        current torch thread count (a few seconds) and kept."""
-        threads = torch.get_num_threads()
-        if threads not in self._step_costs:
-            self._step_costs[threads] = (measure_step_cost(self, self.strategy.depth) if self.strategy.drafts
-                                         else measure_pass_cost(self.target, self.device))
-        return self._step_costs[threads]
+        current torch thread count (a few seconds) and kept. Rows 1, 2, 4, 8 are timed up to the first that
+        holds ``max_rows`` (a batch engine's largest batch; the table scales the largest beyond it)."""
+        counts = (1, 2, 4, 8)
+        rows = tuple(r for r in counts if r < max_rows) + tuple(r for r in counts if r >= max_rows)[:1]
+        key = (torch.get_num_threads(), rows)
+        if key not in self._step_costs:
+            self._step_costs[key] = (measure_step_cost(self, self.strategy.depth, rows) if self.strategy.drafts
+                                     else measure_pass_cost(self.target, self.device, rows))
+        return self._step_costs[key]
 
     @property
     def dual(self) -> DualDrafter | None:

@@ -386,7 +386,8 @@ def test_the_pass_cost_is_timed_on_the_asked_block_shape(tree: bool, monkeypatch
 @pytest.mark.parametrize("strategy", ["chain:3", "topk:2,2,4", "dynatree"])
 def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controller_alone(
         strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spec_fast.engine.batch_depth import BLOCK_STEPS, WARM_STEPS, choose_depth, forcing, measure_step_cost
+    from spec_fast.engine.batch_depth import (BLOCK_STEPS, WARM_STEPS, choose_depth, forcing, measure_step_cost,
+                                              measured_depths)
 
     decoder = decoder_for(strategy + "+adaptive")
     depth = decoder.strategy.depth
@@ -410,17 +411,29 @@ def test_the_step_cost_times_whole_steps_at_every_depth_and_leaves_the_controlle
     cost = measure_step_cost(decoder, depth, rows=(1, 3), context=6, repeats=2)
     # each prompt is a run said twice: a drafter that copies from the context finds what to draft
     assert [len(p) for p in begun] == [1, 3] and all(p[:3] == p[3:] for prompts in begun for p in prompts)
-    assert set(cost.seconds) == {(r, d + 1) for r in (1, 3) for d in range(depth + 1)}
+    measured = measured_depths(depth)
+    assert set(cost.seconds) == {(r, d + 1) for r in (1, 3) for d in measured}
     assert all(seconds > 0 for seconds in cost.seconds.values())
     # the depths take turns in runs of BLOCK_STEPS steps, in increasing then decreasing order: WARM_STEPS
     # untimed rounds, then 2 timed ones, for each row count
     assert WARM_STEPS == 2 and BLOCK_STEPS >= 2
-    orders = [list(range(depth + 1)), list(range(depth, -1, -1))]
+    orders = [measured, measured[::-1]]
     assert caps == [d for _ in (1, 3) for r in range(WARM_STEPS + 2) for d in orders[r % 2] for _ in range(BLOCK_STEPS)]
     if before is not None:  # the timing steps ran without the decoder's +adaptive controller
         assert decoder.controller.__dict__ == before
     assert decoder.step_cost() is decoder.step_cost()  # measured once per thread count
 
+
+def test_the_step_cost_table_times_spaced_depths_and_draws_lines_between_them() -> None:
+    from spec_fast.engine.batch_depth import PassCost, measured_depths
+
+    assert measured_depths(0) == [0] and measured_depths(4) == [0, 1, 2, 3, 4]
+    assert measured_depths(8) == [0, 1, 2, 3, 4, 6, 8] and measured_depths(9) == [0, 1, 2, 3, 4, 6, 8, 9]
+    assert measured_depths(32) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    cost = PassCost({(1, 1): 1.0, (1, 5): 2.0, (1, 7): 3.0, (4, 1): 2.0, (4, 5): 6.0})
+    assert cost(1, 5) == 2.0 and cost(1, 6) == 2.5 and cost(1, 9) == 3.0  # a line between, the widest beyond
+    assert cost(1, 3) == 1.5 and cost(2, 3) == 4.0 and cost(8, 1) == 4.0  # rows: the nearest above, scaled beyond
+    assert cost(4, 7) == 6.0  # the widths of the row count it reads
 
 def test_with_the_cost_policy_greedy_requests_decode_as_alone_and_a_seeded_schedule_repeats() -> None:
     decoder = decoder_for("chain:3")
@@ -454,3 +467,23 @@ def test_the_lean_cache_never_reads_a_slot_before_writing_it(native_layers: bool
     buffer = lean_cache.LeanLayerCache()
     buffer.keys = torch.zeros(1, 1, 2, 8)
     assert bool(buffer._keys[:, :, 2:].isnan().all()) and not bool(buffer.keys.isnan().any())
+
+
+def test_a_batch_engine_times_steps_up_to_the_row_count_that_holds_its_largest_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec_fast.engine import decoder as decoder_module
+    from spec_fast.engine.batch_depth import PassCost
+
+    timed: list[tuple[int, ...]] = []
+
+    def fake(decoder: Any, max_depth: int, rows: tuple[int, ...] = (1, 2, 4, 8)) -> PassCost:
+        timed.append(tuple(rows))
+        return PassCost({(r, t): float(r * t) for r in rows for t in range(1, max_depth + 2)})
+
+    monkeypatch.setattr(decoder_module, "measure_step_cost", fake)
+    decoder = decoder_for("chain:2")
+    for max_batch in (1, 3, 4, 5, 16):
+        engine = BatchEngine(decoder, max_batch_size=max_batch, eos_token_id=None)
+        engine.add_request([1, 2, 3], SamplingParams(), max_new_tokens=2)
+        engine.step()
+    assert timed == [(1,), (1, 2, 4), (1, 2, 4, 8)]  # max_batch 4 reuses 3's table; 16 scales 8's
