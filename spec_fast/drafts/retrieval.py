@@ -464,7 +464,7 @@ PATH_ACCEPTANCE = 0.4
 #: The ``first_acceptance`` of the retrieval draft loaded by name: None, every row drafts its first level. A
 #: gate of 0.4 (at the priors, rows behind matches of 0-2 tokens take plain steps) gained nothing on the tuning
 #: prompts: ``chain:4`` 1.00x / 1.32x / 1.11x plain on chat / input-grounded / long against 1.04x / 1.34x /
-#: 1.12x without it (bench/results/defaults.md, the ``first=`` rows); a caller may still set one.
+#: 1.12x without it (bench/results/defaults_cc23301/defaults.md, the ``first=`` rows); a caller may still set one.
 FIRST_ACCEPTANCE: float | None = None
 
 
