@@ -323,6 +323,10 @@ def test_passes_reuse_the_kept_stack_unchecked_until_a_module_or_buffer_changes(
             change(twin)
             assert step(8) == layers, change.__name__
             assert step(9) == 0, change.__name__
+            # a copy of the changed model has new tensors, so new native weights: a struct kept for storage the
+            # model no longer has would read the old weights (and so would the twin's)
+            probe = torch.tensor([[1, 2, 3]])
+            assert torch.equal(model(probe).logits, copy.deepcopy(model)(probe).logits), change.__name__
 
 
 def test_run_layers_refuses_a_stack_whose_buffers_are_too_short_for_the_pass() -> None:

@@ -281,16 +281,18 @@ def test_extend_ancestors_is_the_entry_by_entry_relation(data: Any, batch: int, 
     assert torch.equal(extend_ancestors(old, new_parents), _ancestors_entry_by_entry(old, new_parents))
 
 
-@pytest.mark.parametrize("name", ["lean", "lean-python", "llama", "gpt2"])
+@pytest.mark.parametrize("name", ["lean", "lean-64", "lean-python", "llama", "gpt2"])
 @pytest.mark.parametrize("width", [1, 2, 5, 19])
 def test_a_chain_forwarded_as_one_equals_the_same_block_as_a_tree(name: str, width: int) -> None:
     """``forward(chain=True)`` (the caller's word that the block is one path below the context) builds the
     ancestor relation and the depths directly and, for the lean forward, passes no mask (its causal
     attention): logits, relation, depths and the cache after a partial commit equal those of the same block
-    given as a tree. "lean-python": every lean layer in Python, where no mask must still mean causal."""
+    given as a tree. "lean-64": 64-wide heads in groups of 3 (the native layer's shared sweep over a chunk
+    of query rows); "lean-python": every lean layer in Python, where no mask must still mean causal."""
     if name.startswith("lean"):
-        model = LeanLlama.from_hf(MODELS["llama"])
-        model.use_native_layers(name == "lean")
+        hf = tiny_llama(hidden=384, heads=6, kv_heads=2) if name == "lean-64" else MODELS["llama"]
+        model = LeanLlama.from_hf(hf)
+        model.use_native_layers(name != "lean-python")
     else:
         model = MODELS[name]
     generator = torch.Generator().manual_seed(width)
@@ -310,7 +312,7 @@ def test_a_chain_forwarded_as_one_equals_the_same_block_as_a_tree(name: str, wid
         results.append((logits, relation, depths, after))
     (tree_logits, tree_relation, tree_depths, tree_after), (logits, relation, depths, after) = results
     assert torch.equal(relation, tree_relation) and torch.equal(depths, tree_depths)
-    if name == "lean":  # the native layer's causal limit attends the slots the mask allows, in the same order
+    if name in ("lean", "lean-64"):  # the native causal limit attends the slots the mask allows, in their order
         assert torch.equal(logits, tree_logits) and torch.equal(after, tree_after)
     else:
         torch.testing.assert_close(logits, tree_logits, rtol=0, atol=ATOL)
