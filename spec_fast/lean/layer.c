@@ -395,66 +395,17 @@ static inline __attribute__((always_inline)) __m512 sums16(const __m512 v[LANES]
  * -inf; the mask is read only below `slots`. While it reads a block's keys it asks for the values of the
  * same slots ahead into L2 (a group's values at 600 slots are 150 KB): the weighted sum after the softmax then
  * reads them from L2 instead of streaming them from memory on their own, and both streams are in flight
- * together (bench/results/attention.md). */
-static inline __attribute__((always_inline)) void block_scores(const float *q, int64_t group, const void *keys,
-                                                               const void *values, int64_t slots,
-                                                               const float *mask, int64_t limit,
-                                                               int dim, float scale, float *scores,
-                                                               int64_t stride, float *best, int half) {
-    const int vecs = dim / LANES;
-    __m512 most[MAX_GROUP];
-    for (int64_t h = 0; h < group; ++h) most[h] = _mm512_set1_ps(-INFINITY);
-    for (int64_t j0 = 0; j0 < stride; j0 += LANES) {
-        if (mask == NULL && j0 >= limit) { /* past a causal limit (a prompt's later slots): nothing attended */
-            for (int64_t h = 0; h < group; ++h) _mm512_storeu_ps(scores + h * stride + j0, _mm512_set1_ps(-INFINITY));
-            continue;
-        }
-        const int64_t left = slots - j0, open = (mask == NULL ? limit : slots) - j0;
-        const __mmask16 present = (__mmask16)(left >= LANES ? 0xFFFFu : (1u << left) - 1u);
-        __mmask16 attended = (__mmask16)(open >= LANES ? 0xFFFFu : (open <= 0 ? 0u : (1u << open) - 1u)) & present;
-        __m512 added = _mm512_setzero_ps();
-        if (mask != NULL) {
-            added = _mm512_maskz_loadu_ps(present, mask + j0);
-            /* excluded: at or below EXCLUDED (a NaN mask entry is not, as in excluded()) */
-            attended &= _mm512_cmp_ps_mask(added, _mm512_set1_ps(EXCLUDED), _CMP_NLE_UQ);
-        }
-        /* lane 4 (i % 4) + i / 4 of sums16 holds input i: input i is slot j0 + 4 (i % 4) + i / 4 */
-        int64_t key[LANES];
-        for (int i = 0; i < LANES; ++i) {
-            const int64_t slot = j0 + 4 * (i % 4) + i / 4;
-            key[i] = (slot < slots ? slot : slots - 1) * dim;
-            prefetch_kv(keys, (j0 + KV_AHEAD + i) * dim, dim, half);
-            prefetch_kv_l2(values, (j0 + KV_AHEAD + i) * dim, dim, half);
-        }
-        for (int64_t h = 0; h < group; ++h) {
-            __m512 query[MAX_DIM / LANES], sums[LANES];
-            for (int c = 0; c < vecs; ++c) query[c] = _mm512_loadu_ps(q + h * dim + c * LANES);
-            for (int i = 0; i < LANES; ++i) {
-                __m512 acc = _mm512_mul_ps(query[0], load_kv16(keys, key[i], half));
-                for (int c = 1; c < vecs; ++c)
-                    acc = _mm512_fmadd_ps(query[c], load_kv16(keys, key[i] + c * LANES, half), acc);
-                sums[i] = acc;
-            }
-            const __m512 raw = _mm512_add_ps(_mm512_mul_ps(sums16(sums), _mm512_set1_ps(scale)), added);
-            const __m512 s = _mm512_mask_blend_ps(attended, _mm512_set1_ps(-INFINITY), raw);
-            most[h] = _mm512_max_ps(s, most[h]); /* a NaN score never becomes the maximum (as s > best) */
-            _mm512_storeu_ps(scores + h * stride + j0, s);
-        }
-    }
-    for (int64_t h = 0; h < group; ++h) best[h] = _mm512_reduce_max_ps(most[h]);
-}
-
-/* block_scores for `rows` consecutive query rows of one cache row (a verification pass's tokens, a prompt's
- * chunk): row i's queries at q + i q_stride, its mask row at mask + i slots (or its limit limit + i), its
- * group's scores at scores + i group stride and maxima at best + i group. Each block of 16 keys is read from
- * the cache once for the rows * group query heads instead of once per row, and every score takes
- * block_scores' steps: the same bits as scoring each row on its own. */
-static inline __attribute__((always_inline)) void shared_block_scores(const float *q, int64_t q_stride, int64_t rows,
-                                                                      int64_t group, const void *keys,
-                                                                      const void *values, int64_t slots,
-                                                                      const float *mask, int64_t limit, int dim,
-                                                                      float scale, float *scores, int64_t stride,
-                                                                      float *best, int half) {
+ * together (bench/results/attention.md).
+ * It scores `rows` consecutive query rows of one cache row at once (a verification pass's tokens, a prompt's
+ * chunk; one row for a one-token pass): row r's queries at q + r q_stride, its mask row at mask + r slots
+ * (or its limit limit + r), its group's scores at scores + r group stride and maxima at best + r group. Each
+ * block of 16 keys is read from the cache once for the rows * group query heads instead of once per row, and
+ * every score takes the same steps whatever the rows beside it: the same bits as scoring each row alone. */
+static inline __attribute__((always_inline)) void block_scores(const float *q, int64_t q_stride, int64_t rows,
+                                                               int64_t group, const void *keys, const void *values,
+                                                               int64_t slots, const float *mask, int64_t limit,
+                                                               int dim, float scale, float *scores, int64_t stride,
+                                                               float *best, int half) {
     const int vecs = dim / LANES;
     __m512 most[MAX_SHARED];
     for (int64_t h = 0; h < rows * group; ++h) most[h] = _mm512_set1_ps(-INFINITY);
@@ -466,6 +417,7 @@ static inline __attribute__((always_inline)) void shared_block_scores(const floa
         }
         const int64_t left = slots - j0;
         const __mmask16 present = (__mmask16)(left >= LANES ? 0xFFFFu : (1u << left) - 1u);
+        /* lane 4 (i % 4) + i / 4 of sums16 holds input i: input i is slot j0 + 4 (i % 4) + i / 4 */
         int64_t key[LANES];
         for (int i = 0; i < LANES; ++i) {
             const int64_t slot = j0 + 4 * (i % 4) + i / 4;
@@ -576,9 +528,9 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
 #if defined(__AVX512F__)
     if (dim % LANES == 0 && dim <= MAX_DIM && group <= MAX_GROUP) {
         if (dim == 64) {
-            block_scores(q, group, keys, values, slots, mask, limit, 64, scale, scores, stride, best, half);
+            block_scores(q, 0, 1, group, keys, values, slots, mask, limit, 64, scale, scores, stride, best, half);
         } else if (dim == 128) {
-            block_scores(q, group, keys, values, slots, mask, limit, 128, scale, scores, stride, best, half);
+            block_scores(q, 0, 1, group, keys, values, slots, mask, limit, 128, scale, scores, stride, best, half);
         } else {
             group_scores(q, group, keys, slots, mask, limit, dim, scale, scores, stride, best, half);
         }
@@ -607,7 +559,7 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, i
 /* attend_group for `rows` consecutive query rows of one cache row that share a key/value head: row i's
  * queries at q + i q_stride, its output at out + i out_stride, its mask row at mask + i slots (or its limit
  * limit + i). With AVX-512 and 64- or 128-wide heads the rows' scores come from one sweep over the keys
- * (shared_block_scores), a verification pass's tokens and a prompt's chunk reading each key once instead of
+ * (block_scores), a verification pass's tokens and a prompt's chunk reading each key once instead of
  * once per token; every row's output is still the one attend_group gives it alone, bit for bit.
  * next_keys goes to the last row's weighted sums. scores: rows x group x stride floats. */
 static inline __attribute__((always_inline)) void attend_rows(const float *q, int64_t q_stride, int64_t rows,
@@ -620,10 +572,10 @@ static inline __attribute__((always_inline)) void attend_rows(const float *q, in
     if (rows > 1 && rows * group <= MAX_SHARED && (dim == 64 || dim == 128)) {
         float best[MAX_SHARED];
         if (dim == 64)
-            shared_block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 64, scale, scores,
+            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 64, scale, scores,
                                 stride, best, half);
         else
-            shared_block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 128, scale, scores,
+            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 128, scale, scores,
                                 stride, best, half);
         for (int64_t r = 0; r < rows; ++r)
             finish_group(best + r * group, group, values, r + 1 == rows ? next_keys : NULL, slots,
