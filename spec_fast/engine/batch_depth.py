@@ -34,7 +34,8 @@ from spec_fast.decoding import SamplingParams
 from spec_fast.kv_cache import TreeKVCache
 
 __all__ = ["DepthEvidence", "PassCost", "measure_pass_cost", "measure_step_cost", "measured_depths", "choose_depth",
-           "DRAFT_MARGIN", "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS", "BLOCK_STEPS"]
+           "DRAFT_MARGIN", "EVIDENCE_DECAY", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "WARM_STEPS", "BLOCK_STEPS",
+           "TIMED_ROWS"]
 
 #: acceptance assumed at a depth before the batch has reached it (as pseudo-steps of this weight)
 PRIOR_ACCEPTANCE = 0.5
@@ -143,7 +144,11 @@ class PassCost:
         return (low + (high - low) * (width - lower) / (upper - lower)) * scale
 
 
-def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = (1, 2, 4, 8),
+#: the row counts whose steps (and passes) the cost tables time; a table scales its largest beyond it
+TIMED_ROWS = (1, 2, 4, 8)
+
+
+def measure_pass_cost(target: Any, device: torch.device, rows: Sequence[int] = TIMED_ROWS,
                       tokens: Sequence[int] = (1, 2, 3, 4, 5), context: int = 64, repeats: int = 3,
                       tree: bool = False) -> PassCost:
     """Time target passes of ``rows x tokens`` chain entries behind ``context`` committed tokens (module
@@ -206,7 +211,7 @@ def measured_depths(max_depth: int) -> list[int]:
     return depths if depths[-1] == max_depth else [*depths, max_depth]
 
 
-def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = (1, 2, 4, 8), context: int = 64,
+def measure_step_cost(decoder: Any, max_depth: int, rows: Sequence[int] = TIMED_ROWS, context: int = 64,
                       repeats: int = 5) -> PassCost:
     """Seconds of one whole step of ``decoder`` (a :class:`~spec_fast.engine.decoder.SpeculativeDecoder`:
     drafting, the target pass, verification and the commit) over ``rows`` greedy rows behind ``context``

@@ -48,7 +48,7 @@ from spec_fast.drafts.dual import DualDraft, DualDrafter
 from spec_fast.drafts.model import Drafter
 from spec_fast.draws import DRAFT, VERIFY, stream_keys
 from spec_fast.engine.adaptive import AdaptiveController, match_hint
-from spec_fast.engine.batch_depth import PassCost, choose_depth, measure_pass_cost, measure_step_cost
+from spec_fast.engine.batch_depth import TIMED_ROWS, PassCost, choose_depth, measure_pass_cost, measure_step_cost
 from spec_fast.engine.batch_engine import BatchEngine
 from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.engine.decode_state import DecodeState
@@ -117,10 +117,10 @@ class SpeculativeDecoder:
         """The measured cost of one decoding step by (rows, draft depth + 1) that the ``cost`` depth policy reads
         (:func:`spec_fast.engine.batch_depth.measure_step_cost`; without drafts, the target pass's cost by rows
         and tokens, :func:`~spec_fast.engine.batch_depth.measure_pass_cost`), measured on first use at the
-        current torch thread count (a few seconds) and kept. Rows 1, 2, 4, 8 are timed up to the first that
-        holds ``max_rows`` (a batch engine's largest batch; the table scales the largest beyond it)."""
-        counts = (1, 2, 4, 8)
-        rows = tuple(r for r in counts if r < max_rows) + tuple(r for r in counts if r >= max_rows)[:1]
+        current torch thread count (a few seconds) and kept. The row counts of
+        :data:`~spec_fast.engine.batch_depth.TIMED_ROWS` are timed up to the first that holds ``max_rows`` (a
+        batch engine's largest batch; the table scales the largest beyond it)."""
+        rows = tuple(r for r in TIMED_ROWS if r < max_rows) + tuple(r for r in TIMED_ROWS if r >= max_rows)[:1]
         key = (torch.get_num_threads(), rows)
         if key not in self._step_costs:
             self._step_costs[key] = (measure_step_cost(self, self.strategy.depth, rows) if self.strategy.drafts

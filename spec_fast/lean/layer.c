@@ -297,10 +297,10 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
  * attended slots j, in slot order, of p[h stride + j] v_j, where t_h = the sum of p[h stride + j] over the same
  * slots in the same order (the softmax's normaliser, computed here instead of in a sweep of its own). Each
  * value is read once for the group instead of once per head, and every head's sums take the steps of
- * weighted_sum in the same order, acc = p v + acc: the same bits. For compile-time `group` and `dim` (group * dim / 16 accumulators in registers). With
- * next_keys (the keys the layer's next attention task scores; NULL for the last), slot j's key
- * there is asked for into L2 as slot j's value is read, so the next scores pass starts from L2 instead of
- * waiting for memory (bench/results/attention.md). */
+ * weighted_sum in the same order, acc = p v + acc: the same bits. For compile-time `group` and `dim` (group *
+ * dim / 16 accumulators in registers). With next_keys (the keys the layer's next attention task scores; NULL
+ * for the last), slot j's key there is asked for into L2 as slot j's value is read, so the next scores pass
+ * starts from L2 instead of waiting for memory (bench/results/attention.md). */
 static inline __attribute__((always_inline)) void group_weighted_sums(const float *p, int64_t stride,
                                                                       const void *values, const void *next_keys,
                                                                       int64_t slots,
@@ -461,7 +461,6 @@ static inline __attribute__((always_inline)) void finish_group(const float *best
                                                                const void *next_keys, int64_t slots,
                                                                const float *mask, int64_t limit, int64_t dim,
                                                                float *scores, int64_t stride, float *out, int half) {
-    float total[group];
     for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
     if (best[0] == -INFINITY) return; /* nothing attended (a fully masked padding row): zeros */
     for (int64_t h = 0; h < group; ++h)
@@ -481,12 +480,12 @@ static inline __attribute__((always_inline)) void finish_group(const float *best
         return;
     }
 #endif
-    for (int64_t h = 0; h < group; ++h) {
-        total[h] = 0.f;
-        for (int64_t j = 0; j < slots; ++j) total[h] += scores[h * stride + j];
-    }
     float inverse[group];
-    for (int64_t h = 0; h < group; ++h) inverse[h] = 1.f / total[h];
+    for (int64_t h = 0; h < group; ++h) {
+        float total = 0.f;
+        for (int64_t j = 0; j < slots; ++j) total += scores[h * stride + j];
+        inverse[h] = 1.f / total;
+    }
     for (int64_t h = 0; h < group; ++h) {
         const float *p = scores + h * stride;
         float *o = out + h * dim;
@@ -572,11 +571,11 @@ static inline __attribute__((always_inline)) void attend_rows(const float *q, in
     if (rows > 1 && rows * group <= MAX_SHARED && (dim == 64 || dim == 128)) {
         float best[MAX_SHARED];
         if (dim == 64)
-            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 64, scale, scores,
-                                stride, best, half);
+            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 64, scale, scores, stride,
+                         best, half);
         else
-            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 128, scale, scores,
-                                stride, best, half);
+            block_scores(q, q_stride, rows, group, keys, values, slots, mask, limit, 128, scale, scores, stride,
+                         best, half);
         for (int64_t r = 0; r < rows; ++r)
             finish_group(best + r * group, group, values, r + 1 == rows ? next_keys : NULL, slots,
                          mask == NULL ? NULL : mask + r * slots, limit + r, dim, scores + r * group * stride, stride,
