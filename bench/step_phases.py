@@ -42,7 +42,7 @@ from spec_fast.engine.batch_engine import BatchEngine  # noqa: E402
 import spec_fast.engine.decoder as decoder_module  # noqa: E402
 from spec_fast.engine.decoder import SpeculativeDecoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
-from spec_fast.lean import one_token  # noqa: E402
+from spec_fast.lean import causal_pass  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
 from spec_fast.models import chat_prompt_ids  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for owner, name, key in ((SpeculativeDecoder, "_draft_phase", "draft"), (SpeculativeDecoder, "_target_phase", "target"),
                              (decoder_module, "plain_step", "plain"), (TreeKVCache, "forward_committed", "plain_pass"),
                              (native, "run_layers", "layers"), (native, "mm_blocks", "lm_head"),
-                             (one_token, "_layers_and_head", "fused"),
+                             (causal_pass, "_layers_and_head", "fused"),
                              (SpeculativeDecoder, "_verify_phase", "verify"), (SpeculativeDecoder, "_commit_phase", "commit"),
                              (native, "move_entries", "move"), (BatchEngine, "step", "step")):
         timer.wrap(owner, name, key)

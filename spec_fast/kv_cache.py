@@ -94,10 +94,12 @@ class TreeKVCache:
                 it): with no block entries yet and no padded rows, the ancestor relation and the depths are
                 then built directly instead of by the closure of :func:`extend_ancestors` (a prompt's prefill
                 took ``log2(Q)`` products of ``[Q, Q]`` matrices), and a model that attends causally when
-                given no mask (``causal_without_mask``: the lean forward) gets none.
+                given no mask (``causal_without_mask``: the lean forward) gets none, and its ``forward_step``
+                serves the pass where it has one (nor hidden states nor ``logits_to_keep`` asked for).
 
         Returns:
-            the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``).
+            the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``); the
+            lean forward's ``forward_step`` adds ``.first_max [B, Q]`` (each entry's argmax) or None.
         """
         num_query = int(tokens.shape[1])
         behind_context = self.ancestors.shape[1] == 0 and not self.padded
@@ -115,6 +117,14 @@ class TreeKVCache:
             # block depth = number of block ancestors (self excluded): the position offset below the context
             depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
+        step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
+        if plain and chain and step is not None and not output_hidden_states and logits_to_keep == 0:
+            # a chain behind the context (a greedy chain's verification): the model's causal pass, with the
+            # argmax of every entry where it computes one with the logits (``first_max``)
+            with decode_attention_backends(tokens.device):
+                out = step(tokens.clamp(min=0), self.context_size, self.cache)
+            self.passes += 1
+            return out
         positions = self.lengths.unsqueeze(1) + depths
         mask = None if plain else additive_mask(  # (a plain step skips the walk over the parameters too)
             tree_attention_mask(self.lengths, self.context_size, self.ancestors, num_query),
@@ -136,10 +146,10 @@ class TreeKVCache:
             self.commit(torch.zeros_like(tokens), torch.ones(batch, dtype=torch.long, device=self.device))
             return out
         # every row's context fills the physical slots: its entry lands right behind it, already in place
-        one_token = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
-        if one_token is not None:
+        step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
+        if step is not None:
             with decode_attention_backends(tokens.device):
-                out = one_token(tokens, self.context_size, self.cache)
+                out = step(tokens, self.context_size, self.cache)
             self.passes += 1
         else:
             out = self._pass(tokens, self.lengths.unsqueeze(1), None, False, 0)

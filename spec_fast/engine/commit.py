@@ -8,6 +8,7 @@ row with these helpers; none of them launches a model pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,17 +18,67 @@ from spec_fast.drafts.dual import DualDraft
 from spec_fast.kv_cache import TreeKVCache
 from spec_fast.verify.tree import Verified
 
-__all__ = ["read_back", "advance_head", "aligned", "is_block_prefix", "pad_rows"]
+__all__ = ["read_back", "HostVerified", "verify_greedy_chain_on_host", "advance_head", "aligned",
+           "is_block_prefix", "pad_rows"]
 
 
 _Rows = list[list[int]]
+#: :func:`read_back`'s answer: accepted slots, tree tokens, next tokens, accepted counts, tree depths, the routed
+#: head (0 unless routed), the head of each slot (dual) and each drafter's entries per slot, all on the host
+HostRows = tuple[_Rows, _Rows, list[int], list[int], list[int], list[int], _Rows, list[_Rows]]
+
+
+@dataclass(frozen=True, eq=False)
+class HostVerified(Verified):
+    """A verification computed on the host, which keeps what :func:`read_back` would read back of it
+    (``rows``), so the commit reads nothing again."""
+
+    rows: HostRows
+
+
+def verify_greedy_chain_on_host(draft: DraftBatch, best: torch.Tensor, heads: int) -> HostVerified:
+    """The greedy verification of chains (``draft.chain``, slot d at depth d, parent d - 1; capped rows'
+    deeper slots invalid) from ``best [B, N]`` long, each slot's target argmax, in one read of the step's
+    small tensors: the accepted depth is the length of the leading run of levels whose token is the argmax at
+    the level above, the next token the argmax at the last accepted level (what
+    :func:`spec_fast.verify.verify_greedy` returns on such trees). The commit's rows of ``heads`` drafters that
+    all hold ``draft.entries`` come with it."""
+    tree = draft.tree
+    slots_n = tree.num_slots
+    flat = torch.cat([best.to(torch.long), tree.tokens, tree.valid.to(torch.long), tree.depths, draft.entries],
+                     dim=1).tolist()
+    slots: _Rows = []
+    tokens: _Rows = []
+    entries: _Rows = []
+    nxt, nacc, depths = [], [], []
+    for row in flat:
+        argmax, row_tokens = row[:slots_n], row[slots_n:2 * slots_n]
+        valid, row_depths = row[2 * slots_n:3 * slots_n], row[3 * slots_n:4 * slots_n]
+        depth = 0
+        while depth + 1 < slots_n and valid[depth + 1] and row_tokens[depth + 1] == argmax[depth]:
+            depth += 1
+        slots.append([i if i <= depth else -1 for i in range(slots_n)])
+        tokens.append(row_tokens)
+        entries.append(row[4 * slots_n:])
+        nxt.append(argmax[depth])
+        nacc.append(depth)
+        depths.append(max(row_depths))
+    zeros = [0] * len(flat)
+    rows: HostRows = (slots, tokens, nxt, nacc, depths, zeros, [[0] * slots_n for _ in flat],
+                      [entries] * heads)
+    device = best.device
+    return HostVerified(torch.tensor(slots, dtype=torch.long, device=device),
+                        torch.tensor(nacc, dtype=torch.long, device=device),
+                        torch.tensor(nxt, dtype=torch.long, device=device), rows)
 
 
 def read_back(verified: Verified, draft: DraftBatch, dual: DualDraft | None, entries: Sequence[torch.Tensor]
-              ) -> tuple[_Rows, _Rows, list[int], list[int], list[int], list[int], _Rows, list[_Rows]]:
+              ) -> HostRows:
     """The step's small tensors on the host, in one transfer: accepted slots, tree tokens, next tokens,
     accepted counts, tree depths, the routed head (0 unless routed), the head of each slot (dual) and each
-    drafter's entries per slot."""
+    drafter's entries per slot (a :class:`HostVerified`'s own rows, read nothing)."""
+    if isinstance(verified, HostVerified):
+        return verified.rows
     tree = draft.tree
     column = torch.zeros_like(verified.next_token)
     choice = dual.choice if dual is not None and dual.choice is not None else column

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import DraftBatch, HeadTrack, draft_root_only
 from spec_fast.drafts.dual import DualDraft, DualDrafter
@@ -50,7 +51,8 @@ from spec_fast.draws import DRAFT, VERIFY, stream_keys
 from spec_fast.engine.adaptive import AdaptiveController, match_hint
 from spec_fast.engine.batch_depth import TIMED_ROWS, PassCost, choose_depth, measure_pass_cost, measure_step_cost
 from spec_fast.engine.batch_engine import BatchEngine
-from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
+from spec_fast.engine.commit import (advance_head, aligned, is_block_prefix, pad_rows, read_back,
+                                     verify_greedy_chain_on_host)
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.engine.plain_step import plain_step
 from spec_fast.engine.prefill import prefill_drafter, prefill_target, prefill_target_reusing
@@ -306,8 +308,8 @@ class SpeculativeDecoder:
             draft, dual = self._draft_phase(st, depth_cap)
             if st.trees is not None:
                 st.trees.append(draft.tree)
-            target_logits, hidden = self._target_phase(st, draft)
-            verified = self._verify_phase(st, draft, dual, target_logits)
+            target_logits, hidden, best = self._target_phase(st, draft)
+            verified = self._verify_phase(st, draft, dual, target_logits, best)
             dual = self.proposer.after_verify(st, draft, dual, verified, target_logits, hidden)
             new_tokens, emitted_per_row = self._commit_phase(st, draft, dual, verified, hidden, fresh, depth_cap)
         st.row_steps += 1
@@ -330,15 +332,18 @@ class SpeculativeDecoder:
         return self.proposer.draft(st, depth_cap, self._draft_law(st.samplings), self.device)
 
     # ------------------------------------------------------------------ phase 2: target
-    def _target_phase(self, st: DecodeState, draft: DraftBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One target pass over the tree -> (logits ``[B, N, V]``, final hidden states ``[B, N, H]`` or None)."""
+    def _target_phase(self, st: DecodeState, draft: DraftBatch
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One target pass over the tree -> (logits ``[B, N, V]``, final hidden states ``[B, N, H]`` or None,
+        each slot's argmax ``[B, N]`` where the model computed it with the logits, else None)."""
         tree = draft.tree
         st.steps += 1
         fresh = st.fresh
         if not any(fresh):
             out = st.target_cache.forward(draft.tokens_in, tree.parents, output_hidden_states=st.wants_hidden,
                                           chain=draft.chain)
-            return out.logits, (out.hidden_states[-1] if st.wants_hidden else None)
+            return (out.logits, (out.hidden_states[-1] if st.wants_hidden else None),
+                    getattr(out, "first_max", None))
         assert st.root_logits is not None
         # a fresh row's root is already in the cache with its logits (the prefill's)
         logits, hidden = st.root_logits.unsqueeze(1), st.root_hidden  # [B, 1, V]
@@ -354,7 +359,7 @@ class SpeculativeDecoder:
                 logits = torch.cat([logits, out.logits], dim=1)
                 if st.wants_hidden and hidden is not None:
                     hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
-            return logits, hidden
+            return logits, hidden, None
         # some rows fresh: their slot 0 becomes a placeholder entry nobody attends (never kept), their root's
         # children hang below the context; slot 0's outputs are the prefill's
         fresh_rows = torch.tensor(fresh, device=self.device).unsqueeze(1)  # [B, 1]
@@ -363,17 +368,24 @@ class SpeculativeDecoder:
         first = torch.where(fresh_rows.unsqueeze(2), logits.to(out.logits.dtype), out.logits[:, :1])
         all_logits = torch.cat([first, out.logits[:, 1:]], dim=1)
         if not st.wants_hidden:
-            return all_logits, None
+            return all_logits, None, None
         states = out.hidden_states[-1]
         if hidden is not None:
             states = torch.cat([torch.where(fresh_rows.unsqueeze(2), hidden.to(states.dtype), states[:, :1]),
                                 states[:, 1:]], dim=1)
-        return all_logits, states
+        return all_logits, states, None
 
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
-                      target_logits: torch.Tensor) -> Verified:
-        """Every row's verification (:func:`spec_fast.engine.step_verify.verify_rows`)."""
+                      target_logits: torch.Tensor, best: torch.Tensor | None = None) -> Verified:
+        """Every row's verification (:func:`spec_fast.engine.step_verify.verify_rows`); greedy chains of a
+        single drafter on the host, from ``best [B, N]`` (each slot's argmax) where the pass computed it
+        (:func:`spec_fast.engine.commit.verify_greedy_chain_on_host`: the commit then reads nothing back)."""
+        tree = draft.tree
+        if (dual is None and draft.chain and 1 < tree.num_slots == draft.max_depth + 1
+                and all(s.greedy for s in st.samplings)):
+            return verify_greedy_chain_on_host(draft, best if best is not None else first_max_index(target_logits),
+                                               len(st.heads))
         method = "nss" if dual is not None else self.strategy.verifier
 
         def sampled(rows: DraftBatch, logits: torch.Tensor, draft_probs: torch.Tensor,

@@ -50,7 +50,7 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
     logits = out.logits[:, 0]  # [B, V]
     if greedy:  # the model's own argmax where its pass computed one with the logits (spec_fast.lean)
         best = getattr(out, "first_max", None)
-        next_tokens = best if best is not None else first_max_index(logits)
+        next_tokens = best[:, 0] if best is not None else first_max_index(logits)
     else:  # node 0's first uniform of the step, as verify_rows draws a plain row's token
         streams = VerifyStreams(st.verify_keys, st.verify_offsets())
         next_tokens = _inverse_cdf(target_probs(logits, samplings), streams.uniforms((batch, 1, 1))[:, 0, 0])

@@ -25,7 +25,7 @@ from torch import nn
 
 from spec_fast.lean.cache import LeanKVCache, LeanLayerCache
 from spec_fast.lean import native, row_ops
-from spec_fast.lean.one_token import one_token_logits
+from spec_fast.lean.causal_pass import causal_logits
 from spec_fast.lean.rotary import RotaryTable, rotate
 from spec_fast.lean.quant import KINDS, LeanLinear, column_major, hf_linears, stacked_linear
 from spec_fast.lean.watch import WatchedModule
@@ -47,8 +47,8 @@ class LeanOutput:
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None
     past_key_values: LeanKVCache
-    #: ``[B]``: each row's index of its first maximum logit of the last entry, where the pass computed it
-    #: with the logits (:meth:`LeanLlama.forward_step`), else None
+    #: ``[B, Q]``: each new entry's index of its first maximum logit, where the pass computed it with the
+    #: logits (:meth:`LeanLlama.forward_step`), else None
     first_max: torch.Tensor | None = None
 
 
@@ -417,12 +417,14 @@ class LeanLlama(WatchedModule):
         return LeanKVCache(len(self.model.layers))
 
     def forward_step(self, input_ids: torch.Tensor, position: int, past_key_values: LeanKVCache) -> LeanOutput:
-        """:meth:`forward` of ``input_ids [B, 1]`` at ``position`` behind a cache of ``position`` entries per row,
-        every entry attended: the same output, with the little Python of :func:`one_token_logits` where that
-        serves the pass (a plain decoding step; then ``first_max`` too, with a head of GGUF blocks)."""
-        done = one_token_logits(self, input_ids, position, past_key_values)
+        """:meth:`forward` of ``input_ids [B, Q]`` at positions ``position ..`` behind a cache of ``position``
+        entries per row, attending causally (every cached entry and the tokens before): the same output, with
+        the little Python of :func:`causal_logits` where that serves the pass (a plain decoding step, a greedy
+        chain's verification; then ``first_max [B, Q]`` too, with a head of GGUF blocks)."""
+        done = causal_logits(self, input_ids, position, past_key_values)
         if done is None:
-            return self.forward(input_ids, position_ids=torch.full_like(input_ids, position),
+            positions = torch.arange(int(input_ids.shape[1]), device=input_ids.device) + position
+            return self.forward(input_ids, position_ids=positions.unsqueeze(0).expand(int(input_ids.shape[0]), -1),
                                 past_key_values=past_key_values)
         return LeanOutput(done[0], None, past_key_values, done[1])
 

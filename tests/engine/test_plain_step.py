@@ -26,7 +26,7 @@ from spec_fast.kv_cache import TreeKVCache
 from spec_fast._sampling import first_max_index
 from spec_fast.lean import LeanLlama, native
 from spec_fast.lean.quant import LeanLinear
-from spec_fast.lean.one_token import one_token_logits
+from spec_fast.lean.causal_pass import causal_logits
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama
 
@@ -216,31 +216,34 @@ def with_block_head(model: LeanLlama) -> LeanLlama:
 BLOCK_HEAD_TARGET = with_block_head(LEAN_TARGET)
 
 
+@pytest.mark.parametrize("width", [1, 4])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("target", [LEAN_TARGET, BLOCK_HEAD_TARGET], ids=["float32-head", "q8_0-head"])
-def test_the_lean_one_token_pass_gives_forwards_bits(batch: int, target: LeanLlama) -> None:
-    """The plain step's pass (spec_fast/lean/one_token.py, ``LeanLlama.forward_step``) against ``forward`` with
-    the same positions and no mask, step after step, on two caches filled alike; with a head of blocks the one
-    native call's first maxima are ``first_max_index`` of its logits."""
+def test_the_lean_causal_pass_gives_forwards_bits(batch: int, width: int, target: LeanLlama) -> None:
+    """The pass of plain steps (one token) and greedy chains (several; spec_fast/lean/causal_pass.py,
+    ``LeanLlama.forward_step``) against ``forward`` with the same positions and no mask (causal), pass after
+    pass, on two caches filled alike; with a head of blocks the one native call's first maxima are
+    ``first_max_index`` of its logits."""
     assert native.available()
     torch.manual_seed(1)
     prompt = torch.randint(0, VOCAB, (batch, 6))
     caches = [target.make_tree_cache(batch) for _ in range(2)]
     for cache in caches:
         target(prompt, past_key_values=cache)
-    step = torch.randint(0, VOCAB, (batch, 1))
-    for position in range(6, 12):
-        done = one_token_logits(target, step, position, caches[0])
+    step = torch.randint(0, VOCAB, (batch, width))
+    for position in range(6, 6 + 6 * width, width):
+        done = causal_logits(target, step, position, caches[0])
         assert done is not None  # the case it covers: it ran
         fast, first_max = done
-        reference = target(step, position_ids=torch.full_like(step, position), past_key_values=caches[1])
-        assert torch.equal(fast, reference.logits)
+        positions = (torch.arange(width) + position).expand(batch, width)
+        reference = target(step, position_ids=positions, past_key_values=caches[1])
+        assert fast.shape == (batch, width, VOCAB) and torch.equal(fast, reference.logits)
         if target is BLOCK_HEAD_TARGET:
-            assert first_max is not None and torch.equal(first_max, first_max_index(fast[:, -1]))
+            assert first_max is not None and torch.equal(first_max, first_max_index(fast))
         else:
             assert first_max is None
-        assert caches[0].get_seq_length() == caches[1].get_seq_length() == position + 1
-        step = fast[:, -1].argmax(dim=-1, keepdim=True)
+        assert caches[0].get_seq_length() == caches[1].get_seq_length() == position + width
+        step = torch.cat([fast[:, -1:].argmax(dim=-1), step[:, :-1].flip(1)], dim=1)
 
 
 def test_a_plain_step_takes_the_models_own_argmax(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,20 +258,23 @@ def test_a_plain_step_takes_the_models_own_argmax(monkeypatch: pytest.MonkeyPatc
     assert fast == general and counted.taken >= 5 and not reductions
 
 
-def test_the_lean_one_token_pass_declines_what_it_does_not_cover() -> None:
+def test_the_lean_causal_pass_declines_what_it_does_not_cover() -> None:
     cache = LEAN_TARGET.make_tree_cache(1)
     LEAN_TARGET(torch.tensor([[1, 2, 3]]), past_key_values=cache)
     token = torch.tensor([[4]])
-    assert one_token_logits(LEAN_TARGET, token, 2, cache) is None  # not the cache's length
+    assert causal_logits(LEAN_TARGET, token, 2, cache) is None  # not the cache's length
     full = LEAN_TARGET.make_tree_cache(1)
     table = int(LEAN_TARGET.model.rotary.cos.shape[0])
     LEAN_TARGET(torch.randint(0, VOCAB, (1, table)), past_key_values=full)
-    assert one_token_logits(LEAN_TARGET, token, table, full) is None  # past the rotary table
+    assert causal_logits(LEAN_TARGET, token, table, full) is None  # past the rotary table
+    near = LEAN_TARGET.make_tree_cache(1)
+    LEAN_TARGET(torch.randint(0, VOCAB, (1, table - 2)), past_key_values=near)
+    assert causal_logits(LEAN_TARGET, torch.tensor([[4, 5, 6]]), table - 2, near) is None  # a chain past it
     python_layers = LeanLlama.from_hf(HF_TARGET)
     python_layers.use_native_layers(False)
     other = python_layers.make_tree_cache(1)
     python_layers(torch.tensor([[1, 2, 3]]), past_key_values=other)
-    assert one_token_logits(python_layers, token, 3, other) is None
+    assert causal_logits(python_layers, token, 3, other) is None
     # forward_step still serves those cases, through forward
     out = python_layers.forward_step(token, 3, other)
     assert out.logits.shape == (1, 1, VOCAB) and other.get_seq_length() == 4
