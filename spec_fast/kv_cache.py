@@ -189,21 +189,10 @@ class TreeKVCache:
                 then the cache is truncated instead of gathered.
         """
         batch = self.batch_size
-        new_lengths = self.lengths + counts
         if prefix_of_block:
-            # every row keeps block entries [0, counts[0]) right behind an unpadded context: the kept
-            # entries are already in place, so the cache is only truncated (a view, no copy)
-            new_size = self.context_size + int(counts[0].item()) if batch > 0 else self.context_size
-            if hasattr(self.cache, "truncate"):  # preallocated buffers: only the lengths move
-                self.cache.truncate(new_size)
-            else:
-                layers_view: list[Any] = list(self.cache.layers)
-                for layer in layers_view:
-                    if layer.keys is not None and layer.keys.numel() > 0:
-                        layer.keys = layer.keys[:, :, :new_size]
-                        layer.values = layer.values[:, :, :new_size]
-            self._end_block(new_lengths, new_size)
+            self.keep_block_prefix(int(counts[0].item()) if batch > 0 else 0)
             return
+        new_lengths = self.lengths + counts
         # one host read for the sizes the copy needs
         start, new_size, new_min, most = (
             torch.stack([self.lengths.min(), new_lengths.max(), new_lengths.min(), counts.max()]).tolist()
@@ -214,6 +203,21 @@ class TreeKVCache:
         else:
             self._gather_tail(keep, counts, start, new_size)
         self._end_block(new_lengths, new_size)
+
+    def keep_block_prefix(self, count: int) -> None:
+        """:meth:`commit` of block entries ``[0, count)`` in every row, on the caller's word that every row has
+        ``lengths[b] == context_size`` (an accepted chain prefix behind an unpadded context): the kept entries
+        are already in place, so the cache is only truncated (a view, no copy)."""
+        new_size = self.context_size + count
+        if hasattr(self.cache, "truncate"):  # preallocated buffers: only the lengths move
+            self.cache.truncate(new_size)
+        else:
+            layers_view: list[Any] = list(self.cache.layers)
+            for layer in layers_view:
+                if layer.keys is not None and layer.keys.numel() > 0:
+                    layer.keys = layer.keys[:, :, :new_size]
+                    layer.values = layer.values[:, :, :new_size]
+        self._end_block(self.lengths + count, new_size)
 
     def _end_block(self, new_lengths: torch.Tensor, new_size: int) -> None:
         """After a commit's copy: the rows' new committed lengths and physical size, and no block entries."""

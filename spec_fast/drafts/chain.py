@@ -35,7 +35,11 @@ def draft_chain(
     """
     batch = len(pending)
     greedy = draft_law is argmax_law
-    # a drafter that gives a greedy level's argmax without its logits (retrieval: its law is a few matched ids)
+    # a drafter that drafts on the host (retrieval: its law is a few matched ids) drafts a greedy chain there
+    greedy_next_rows = getattr(drafter, "greedy_next_rows", None) if greedy else None
+    if greedy_next_rows is not None:
+        return _greedy_chain_on_host(drafter, greedy_next_rows, state, pending, roots, depth, device)
+    # a drafter that gives a greedy level's argmax without its logits
     greedy_next = getattr(drafter, "greedy_next", None) if greedy else None
     logits, width = pending_forward(drafter, state, pending, device, argmax=greedy_next is not None)
     tokens: list[torch.Tensor] = []  # [B] per depth
@@ -57,9 +61,8 @@ def draft_chain(
         parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=device)
         logits = (greedy_next if greedy_next is not None else drafter.forward)(state, token.unsqueeze(1), parent)
         entries.append(base)
-        depths = drafter.chain_depths(state, entries)
-        if depths is not None and max(depths, default=0) < level + 2:
-            break  # no row drafts the next level: the chain ends here
+        if not _next_level_drafted(drafter, state, entries, level):
+            break
     depth = len(tokens)
     drafted = torch.stack(tokens, dim=1)  # [B, D]
     pad = torch.full((batch, 1), -1, dtype=torch.long, device=device)
@@ -90,6 +93,56 @@ def draft_chain(
     depths = drafter.chain_depths(state, entries[:depth])
     return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
 
+
+def _next_level_drafted(drafter: Drafter, state: Any, entries: list[int], level: int) -> bool:
+    """Whether some row drafts level ``level + 1`` (0-based) of its chain, asked once the tokens of level
+    ``level`` were forwarded (``entries``: the block entry of the root and of each forwarded level): the
+    drafter's :meth:`~Drafter.chain_depths`, None meaning every row; where no row does, the chain ends."""
+    depths = drafter.chain_depths(state, entries)
+    return depths is None or max(depths, default=0) >= level + 2
+
+
+def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, pending: Sequence[Sequence[int]],
+                          roots: Sequence[int], depth: int, device: torch.device) -> DraftBatch:
+    """:func:`draft_chain` of a greedy chain for a drafter whose ``greedy_next_rows`` takes and gives host-side
+    rows (retrieval): the same drafter calls in the same order (the pending block, then one level at a time,
+    ``chain_depths`` after each) and the same draft, its tensors built once at the end instead of a few small
+    tensor operations per level around a drafter that reads them back anyway."""
+    batch = len(pending)
+    width = max(len(p) for p in pending)
+    # pending_forward's block: each row's pending chain right-aligned, zeros and parents -1 before it
+    feed = [[0] * (width - len(p)) + [int(t) for t in p] for p in pending]
+    feed_parents = [[-1] * (width - len(p) + 1) + list(range(width - len(p), width - 1)) for p in pending]
+    level_tokens = greedy_next_rows(state, feed, feed_parents)  # [B]
+    levels: list[list[int]] = []
+    entries = [width - 1]
+    for level in range(depth):
+        levels.append(level_tokens)
+        if level + 1 >= depth:
+            break
+        base = drafter.num_block(state)
+        level_tokens = greedy_next_rows(state, [[t] for t in level_tokens], [[entries[-1]]] * batch)
+        entries.append(base)
+        if not _next_level_drafted(drafter, state, entries, level):
+            break
+    depth = len(levels)
+    drafted = [[levels[d][b] for d in range(depth)] for b in range(batch)]
+    steps = list(range(depth + 1))
+    long = torch.long
+    tree = FlatTree(
+        tokens=torch.tensor([[-1] + row for row in drafted], dtype=long, device=device),
+        parents=torch.tensor([[s - 1 for s in steps]] * batch, dtype=long, device=device),
+        depths=torch.tensor([steps] * batch, dtype=long, device=device),
+        draws=torch.tensor([[[t] for t in row] + [[-1]] for row in drafted], dtype=long, device=device),
+        valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
+    )
+    entry_row = entries + [-1] * (depth + 1 - len(entries))
+    draft = DraftBatch(tree, None, torch.ones(batch, depth + 1, device=device),
+                       torch.tensor([entry_row] * batch, dtype=long, device=device),
+                       torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
+                                    device=device), width, depth, chain=True)
+    depths = drafter.chain_depths(state, entries[:depth])
+    return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
 
 class ChainProposer(SingleHeadProposer):
     """``chain:L``: one path per row, drafted on the device and cut to each row's depth cap."""

@@ -308,31 +308,36 @@ class RetrievalDrafter(Drafter):
         """``first_max_index`` of :meth:`forward_last`'s logits (``[B]`` long: the lowest id of the largest
         match weight at the last entry), recording the same block and match lengths, without building the
         ``[B, 1, V]`` logits: a greedy chain's level (:func:`spec_fast.drafts.chain.draft_chain`)."""
+        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
+        return torch.tensor(self.greedy_next_rows(state, tok_list, par_list), dtype=torch.long, device=tokens.device)
+
+    def greedy_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]]) -> list[int]:
+        """:meth:`greedy_next` of host-side ``tokens``/``parents`` rows (``B`` lists of ``Q``), as a list: a
+        greedy chain drafted on the host (:func:`spec_fast.drafts.chain.draft_chain`)."""
         laws = self._laws(state, tokens, parents, last_only=True)
         # ids ascend (np.unique), so np.argmax's first maximum is the lowest id, as the dense argmax's is; an
         # empty law (a datastore without followers) is all -inf there, whose first maximum is id 0
-        best = [int(ids[int(np.argmax(weights))]) if len(ids) else 0 for _, _, ids, weights in laws]
-        return torch.tensor(best, dtype=torch.long, device=tokens.device)
+        return [int(ids[int(np.argmax(weights))]) if len(ids) else 0 for _, _, ids, weights in laws]
 
     def _forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor, last_only: bool) -> torch.Tensor:
         batch, num_query = tokens.shape
         logits = torch.full((batch, 1 if last_only else num_query, self.vocab_size), -math.inf)
-        for b, q, ids, weights in self._laws(state, tokens, parents, last_only):
+        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
+        for b, q, ids, weights in self._laws(state, tok_list, par_list, last_only):
             logits[b, q, torch.from_numpy(ids)] = torch.from_numpy(np.log(weights)).float()
         return logits.to(tokens.device)
 
-    def _laws(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor, last_only: bool
+    def _laws(self, state: Any, tok_list: list[list[int]], par_list: list[list[int]], last_only: bool
               ) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-        """Append ``tokens``/``parents [B, Q]`` to each row's block and return ``(row, column, ids, weights)``
-        of the law below every entry (the last alone with ``last_only``: the others' match lengths are
-        recorded as -1)."""
-        batch, num_query = tokens.shape
-        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
+        """Append the ``tokens``/``parents`` rows (``B`` lists of ``Q``) to each row's block and return
+        ``(row, column, ids, weights)`` of the law below every entry (the last alone with ``last_only``: the
+        others' match lengths are recorded as -1)."""
         laws = []
-        for b in range(batch):
+        for b, row in enumerate(tok_list):
             btoks, bpars, blens = state.block_tokens[b], state.block_parents[b], state.match_lengths[b]
+            num_query = len(row)
             for q in range(num_query):
-                btoks.append(int(tok_list[b][q]))
+                btoks.append(int(row[q]))
                 bpars.append(int(par_list[b][q]))
                 if last_only and q < num_query - 1:
                     blens.append(-1)
@@ -352,9 +357,13 @@ class RetrievalDrafter(Drafter):
         # one host read for both: the counts ride as the last column
         counts_column = counts.to(device=keep.device, dtype=torch.long).unsqueeze(1)
         rows = torch.cat([keep.to(torch.long), counts_column], dim=1).tolist()
+        self.commit_rows(state, [row[: row[-1]] for row in rows])
+
+    def commit_rows(self, state: Any, keep: Sequence[Sequence[int]]) -> None:
+        """:meth:`commit` of host-side rows: row b keeps its block entries ``keep[b]``, in order (the engine's
+        commit hands them over as they are, without building the index tensors)."""
         for b in range(len(state.committed)):
-            row = rows[b]
-            state.committed[b].extend(state.block_tokens[b][i] for i in row[: row[-1]])
+            state.committed[b].extend(state.block_tokens[b][i] for i in keep[b])
             state.block_tokens[b] = []
             state.block_parents[b] = []
             state.match_lengths[b] = []

@@ -468,14 +468,21 @@ class SpeculativeDecoder:
         keep_block = [[i - shift for i in k[1:]] if fresh[b] else k for b, k in enumerate(keep_t)]
         counts_block = [len(k) for k in keep_block]
         if st.target_cache.num_block > 0:
-            st.target_cache.commit(pad_rows(keep_block, device), torch.tensor(counts_block, device=device),
-                                   is_block_prefix(keep_block, counts_block, aligned(st.target_cache)))
+            if is_block_prefix(keep_block, counts_block, aligned(st.target_cache)):
+                st.target_cache.keep_block_prefix(counts_block[0])
+            else:
+                st.target_cache.commit(pad_rows(keep_block, device), torch.tensor(counts_block, device=device))
         for h, head in enumerate(st.heads):
             if st.wants_hidden and hidden is not None:
                 head.drafter.observe_target(head.state, hidden, pad_rows(keep_t, device),
                                             torch.tensor(counts_t, device=device))
-            if head.drafter.num_block(head.state) > 0:
-                counts = [len(k) for k in keep_d[h]]
-                head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
-                                    is_block_prefix(keep_d[h], counts, aligned(head.state)))
+            if head.drafter.num_block(head.state) == 0:
+                continue
+            commit_rows = getattr(head.drafter, "commit_rows", None)  # a host-side drafter takes the lists
+            if commit_rows is not None:
+                commit_rows(head.state, keep_d[h])
+                continue
+            counts = [len(k) for k in keep_d[h]]
+            head.drafter.commit(head.state, pad_rows(keep_d[h], device), torch.tensor(counts, device=device),
+                                is_block_prefix(keep_d[h], counts, aligned(head.state)))
 

@@ -10,7 +10,7 @@ back by the commit), on a float32 head and a head of blocks (whose pass gives th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ import spec_fast.engine.decoder as decoder_module
 from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import argmax_law
-from spec_fast.drafts.model import ModelDrafter
+from spec_fast.drafts.model import Drafter, ModelDrafter
 from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.engine.commit import HostVerified, read_back, verify_greedy_chain_on_host
@@ -93,3 +93,54 @@ def test_decoding_with_host_verified_chains_equals_the_general_path(monkeypatch:
     assert len(calls) >= 8
     plain = SpeculativeDecoder(target, None, parse_strategy("ar")).generate(PROMPTS, max_new_tokens=16, eos_token_id=3)
     assert results[1]["tokens"] == plain.tokens
+
+
+class TensorRows:
+    """A retrieval drafter seen without its host-side entry points (``greedy_next_rows``, ``commit_rows``):
+    the builders and the commit then take their tensor paths."""
+
+    def __init__(self, drafter: RetrievalDrafter) -> None:
+        self.inner = drafter
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("greedy_next_rows", "commit_rows"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_a_retrieval_chain_drafted_on_the_host_is_the_tensor_paths_draft() -> None:
+    """The greedy chain of a drafter with ``greedy_next_rows`` (spec_fast/drafts/chain.py) against the
+    same drafter's chain built level by level from tensors: every field of the drafts and the drafter's
+    state after them are equal, for rows with pending chains of different lengths and chains cut early."""
+    index = SuffixIndex([[1, 5, 7, 9, 3, 2, 8, 5, 7, 9], [4, 2, 6, 6, 1, 4, 2, 6], [8, 8, 1, 3, 5, 7]], VOCAB, 4)
+    for rule in ({}, {"deep_match": 2}, {"path_acceptance": 0.4}):
+        drafter = RetrievalDrafter(index, VOCAB, 4, **rule)
+        drafts, states = [], []
+        for seen in (drafter, cast(Drafter, TensorRows(drafter))):
+            decoder = SpeculativeDecoder(LEAN_TARGET, seen, parse_strategy("chain:5"))
+            state = decoder.begin(PROMPTS, [9, 9, 9], [SamplingParams()] * 3, [0, 1, 2], set())
+            state.heads[0].pending[1] = [5, 7] + state.heads[0].pending[1]  # a longer pending chain
+            state.depth_caps = [5, 3, 5]
+            drafts.append(decoder.proposer.draft(state, 5, argmax_law, decoder.device)[0])
+            retrieval = state.heads[0].state
+            states.append((retrieval.block_tokens, retrieval.block_parents, retrieval.match_lengths,
+                           retrieval.chain_matches, retrieval.passes, state.heads[0].pending_width))
+        host, tensors = drafts
+        assert states[0] == states[1]
+        for name in ("tokens", "parents", "depths", "draws", "valid"):
+            assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
+        for name in ("confidences", "entries", "tokens_in"):
+            assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+        assert host.draft_probs is None and tensors.draft_probs is None
+        assert (host.pending_width, host.max_depth, host.chain) == (tensors.pending_width, tensors.max_depth, True)
+        assert host.max_depth >= 1
+
+
+@pytest.mark.parametrize("strategy", ["chain:1", "chain:4"])
+def test_decoding_with_the_host_side_drafter_equals_its_tensor_paths(strategy: str) -> None:
+    index = SuffixIndex([PROMPTS[0] + [2, 8, 5, 7], [4, 2, 6, 6, 1], [8, 8, 1, 3, 5, 7]], VOCAB, 4)
+    drafter = RetrievalDrafter(index, VOCAB, 4, path_acceptance=0.4)
+    results = [summary(SpeculativeDecoder(BLOCK_HEAD_TARGET, seen, parse_strategy(strategy)).generate(
+        PROMPTS, max_new_tokens=16, eos_token_id=3)) for seen in (drafter, cast(Drafter, TensorRows(drafter)))]
+    assert results[0] == results[1]
+    assert results[0]["metrics"]["block_efficiency"] > 1.0
