@@ -101,7 +101,7 @@ class SuffixIndex:
     def __len__(self) -> int:
         return int(self.next_tokens.shape[0])
 
-    def _match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
+    def match_range(self, context: Sequence[int]) -> tuple[int, int, int]:
         """``(m, lo, hi)``: the longest match length ``m`` of :meth:`match` and its sorted positions ``lo:hi``."""
         lo, hi = 0, len(self)
         m = 0
@@ -125,11 +125,11 @@ class SuffixIndex:
         """``(m, ids, counts)``: the longest ``m <= max_match`` such that ``context[-m:]`` occurs in the
         datastore followed by a token, and the distinct following tokens ``ids`` (ascending) with their
         counts (``m = 0``: the unigram law of every position)."""
-        m, lo, hi = self._match_range(context)
+        m, lo, hi = self.match_range(context)
         return (m, *self.followers(m, lo, hi))
 
     def followers(self, m: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, counts)`` of :meth:`match` for the match ``(m, lo, hi)`` that :meth:`_match_range` found."""
+        """``(ids, counts)`` of :meth:`match` for the match ``(m, lo, hi)`` that :meth:`match_range` found."""
         if m == 0:
             return self._unigram_ids, self._unigram_counts
         ids, counts = np.unique(self.next_tokens[lo:hi], return_counts=True)
@@ -282,7 +282,7 @@ class RetrievalDrafter(Drafter):
         # own text): its length first, the followers of the matched positions (a sort) only then
         if m_own > 0 and m_own >= self.index.max_match:
             return m_own, own_ids, own
-        m_data, lo, hi = self.index._match_range(context)
+        m_data, lo, hi = self.index.match_range(context)
         if m_own >= m_data and m_own > 0:
             return m_own, own_ids, own
         return (m_data, *self.index.followers(m_data, lo, hi))
@@ -460,7 +460,7 @@ class RetrievalDrafter(Drafter):
         context = state.committed[row] + list(pending)
         m_own = context_match(context, self.max_match)[0]
         # the match length alone (sparse_law's m is the longer of the two): no law of the matched tokens
-        m_data = self.index._match_range(context)[0] if self.index is not None else 0
+        m_data = self.index.match_range(context)[0] if self.index is not None else 0
         return int(max(m_own, m_data))
 
 
