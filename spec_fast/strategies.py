@@ -124,21 +124,22 @@ _DEFAULT_VERIFIER = {
 #: ~15 ms pass), so every extra drafted token widens the loss; ``+adaptive`` did not recover it within a
 #: 48-token reply (0.89x).
 DEFAULT_STRATEGY = "chain:1"
-#: The CLI default with the retrieval draft alone, greedy: a chain of up to 8 tokens that goes past its first
+#: The CLI default with the retrieval draft alone, greedy: a chain of up to 2 tokens that goes past its first
 #: token only where the row's earlier drafts behind such matches were mostly accepted
 #: (:data:`spec_fast.drafts.retrieval.PATH_ACCEPTANCE`). Its first token rides on a pass over 2 tokens, which
 #: costs about 1.11x a one-token pass on the Zen 4 machine of bench/results/pass_width_shared/pass_width.md.
-#: Chosen by bench/results/defaults.md at 7cef297 (8 chat, 4 input-grounded and 4 long tuning prompts x 96
-#: tokens; chat / input-grounded / long): ``chain:1`` 1.04x / 1.19x / 1.06x plain, ``chain:4`` 1.00x / 1.41x /
-#: 1.12x, ``chain:8`` 1.01x / 1.39x / 1.20x; at cc23301, before a pass's query rows shared their key sweeps,
-#: ``chain:4`` had won (1.04x / 1.34x / 1.12x against ``chain:8``'s 1.03x / 1.34x / 1.13x,
-#: bench/results/defaults_cc23301/defaults.md): on chat the two differ by less than the noise. The rule
-#: (tests/engine/test_api.py): among the configurations whose slowest workload is within 0.03 (the spread of
-#: repeated runs) of the best such, plain decoding included, the highest geometric mean, means within 0.03
-#: tying to the one listed first. Sampled, deep chains gained nothing (scratch, tuning
-#: prompts: input-grounded 1.02x against 1.03x for ``chain:1``), so sampling keeps
-#: :data:`DEFAULT_SAMPLED_STRATEGY`.
-DEFAULT_RETRIEVAL_STRATEGY = "chain:8"
+#: Chosen by bench/results/defaults.md at c2758f9 (8 chat, 4 input-grounded and 4 long tuning prompts x 96
+#: tokens; chat / input-grounded / long): ``chain:1`` 1.16x / 1.31x / 1.07x plain, ``chain:2`` 1.17x / 1.45x /
+#: 1.10x, ``chain:4`` 1.13x / 1.47x / 1.13x, ``chain:8`` 1.11x / 1.53x / 1.17x: the three deeper chains are
+#: within the noise of each other in the worst case and in the geometric mean (1.23, 1.23, 1.26), so the rule
+#: takes the first listed. At 7cef297, before greedy chains were drafted, verified and committed on the host,
+#: ``chain:8`` had won (1.01x / 1.39x / 1.20x; bench/results/defaults_7cef297/defaults.md), and at cc23301
+#: ``chain:4`` (bench/results/defaults_cc23301/defaults.md). The rule (tests/engine/test_api.py): among the
+#: configurations whose slowest workload is within 0.03 (the spread of repeated runs) of the best such, plain
+#: decoding included, the highest geometric mean, means within 0.03 tying to the one listed first. Sampled,
+#: deep chains gained nothing (scratch, tuning prompts: input-grounded 1.02x against 1.03x for ``chain:1``), so
+#: sampling keeps :data:`DEFAULT_SAMPLED_STRATEGY`.
+DEFAULT_RETRIEVAL_STRATEGY = "chain:2"
 #: The CLI default with a trained or retrieval draft named at temperature > 0 (with none named, sampling
 #: decodes plain: :data:`spec_fast.settings.DEFAULT_SAMPLED_DRAFT`): the best speculative worst case of
 #: bench/results/defaults_sampled.md at 9c34e49 (chat and input-grounded prompts at T = 0.7), ``chain:1`` at
