@@ -144,8 +144,10 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
     depths = drafter.chain_depths(state, entries[:depth])
     return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
 
+
 class ChainProposer(SingleHeadProposer):
-    """``chain:L``: one path per row, drafted on the device and cut to each row's depth cap."""
+    """``chain:L``: one path per row, drafted on the device (a host-side drafter's greedy chain on the host) and
+    cut to each row's depth cap."""
 
     greedy_argmax = True
 
