@@ -127,8 +127,9 @@ class RecordingDecoder(SpeculativeDecoder):
         self.records: list[StepRecord] = []
         self.record_s = 0.0
 
-    def _verify_phase(self, st: DecodeState, draft: Any, dual: Any, target_logits: torch.Tensor) -> Any:
-        verified = super()._verify_phase(st, draft, dual, target_logits)
+    def _verify_phase(self, st: DecodeState, draft: Any, dual: Any, target_logits: torch.Tensor,
+                      best: torch.Tensor | None = None) -> Any:
+        verified = super()._verify_phase(st, draft, dual, target_logits, best)
         tree = draft.tree
         if st.sampling.greedy or tree.num_slots == 1:
             return verified
