@@ -168,11 +168,10 @@ def ranked_tokens(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pending_forward(drafter: Drafter, state: Any, pending: Sequence[Sequence[int]],
-                    device: torch.device, argmax: bool = False) -> tuple[torch.Tensor, int]:
+                    device: torch.device) -> tuple[torch.Tensor, int]:
     """Feed each row's pending tokens (left-padded chain ending at the root token) to the drafter.
 
-    Returns ``(root_logits [B, 1, V], width)``; the root of row b is block entry ``width - 1``. With
-    ``argmax`` (a drafter with ``greedy_next``) the first entry is their argmax ``[B]`` instead.
+    Returns ``(root_logits [B, 1, V], width)``; the root of row b is block entry ``width - 1``.
     """
     batch = len(pending)
     width = max(len(p) for p in pending)
@@ -182,8 +181,7 @@ def pending_forward(drafter: Drafter, state: Any, pending: Sequence[Sequence[int
         off = width - len(p)
         ptoks[b, off:] = torch.tensor(list(p), dtype=torch.long)
         ppar[b, off + 1:] = torch.arange(off, width - 1)
-    feed = getattr(drafter, "greedy_next") if argmax else drafter.forward_last
-    return feed(state, ptoks.to(device), ppar.to(device)), width
+    return drafter.forward_last(state, ptoks.to(device), ppar.to(device)), width
 
 
 def row_depths(depth: int | Sequence[int], batch: int) -> list[int]:

@@ -39,16 +39,12 @@ def draft_chain(
     greedy_next_rows = getattr(drafter, "greedy_next_rows", None) if greedy else None
     if greedy_next_rows is not None:
         return _greedy_chain_on_host(drafter, greedy_next_rows, state, pending, roots, depth, device)
-    # a drafter that gives a greedy level's argmax without its logits
-    greedy_next = getattr(drafter, "greedy_next", None) if greedy else None
-    logits, width = pending_forward(drafter, state, pending, device, argmax=greedy_next is not None)
+    logits, width = pending_forward(drafter, state, pending, device)
     tokens: list[torch.Tensor] = []  # [B] per depth
     qs: list[torch.Tensor] = []  # [B, V] per depth
     entries = [width - 1]
     for level in range(depth):
-        if greedy_next is not None:
-            token = logits  # [B]: the level's argmax itself
-        elif greedy:
+        if greedy:
             token = first_max_index(logits[:, 0])
         else:
             q = draft_law(logits)[:, 0]
@@ -59,7 +55,7 @@ def draft_chain(
             break
         base = drafter.num_block(state)
         parent = torch.full((batch, 1), entries[-1], dtype=torch.long, device=device)
-        logits = (greedy_next if greedy_next is not None else drafter.forward)(state, token.unsqueeze(1), parent)
+        logits = drafter.forward(state, token.unsqueeze(1), parent)
         entries.append(base)
         if not _next_level_drafted(drafter, state, entries, level):
             break
@@ -90,8 +86,7 @@ def draft_chain(
     tokens_in = torch.cat([torch.tensor(list(roots), dtype=torch.long, device=device).unsqueeze(1), drafted], dim=1)
     draft = DraftBatch(tree, draft_probs, confidences, entry_row.unsqueeze(0).expand(batch, depth + 1).contiguous(),
                        tokens_in, width, depth, chain=True)
-    depths = drafter.chain_depths(state, entries[:depth])
-    return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
+    return _cut_to_chain_depths(drafter, state, entries[:depth], draft)
 
 
 def _next_level_drafted(drafter: Drafter, state: Any, entries: list[int], level: int) -> bool:
@@ -141,7 +136,13 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
                        torch.tensor([entry_row] * batch, dtype=long, device=device),
                        torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
                                     device=device), width, depth, chain=True)
-    depths = drafter.chain_depths(state, entries[:depth])
+    return _cut_to_chain_depths(drafter, state, entries[:depth], draft)
+
+
+def _cut_to_chain_depths(drafter: Drafter, state: Any, entries: list[int], draft: DraftBatch) -> DraftBatch:
+    """``draft`` with each row cut to the depth the drafter's :meth:`~Drafter.chain_depths` gives it for the
+    block ``entries`` its levels were drawn from (at least one level; unchanged where it answers None)."""
+    depths = drafter.chain_depths(state, entries)
     return draft if depths is None else cap_rows(draft, [max(1, d) for d in depths])
 
 

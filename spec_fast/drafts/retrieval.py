@@ -304,16 +304,11 @@ class RetrievalDrafter(Drafter):
         lengths are recorded as -1): a builder's pending tokens need the root's law only."""
         return self._forward(state, tokens, parents, last_only=True)
 
-    def greedy_next(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """``first_max_index`` of :meth:`forward_last`'s logits (``[B]`` long: the lowest id of the largest
-        match weight at the last entry), recording the same block and match lengths, without building the
-        ``[B, 1, V]`` logits: a greedy chain's level (:func:`spec_fast.drafts.chain.draft_chain`)."""
-        tok_list, par_list = torch.stack([tokens, parents]).tolist()  # one host read for both
-        return torch.tensor(self.greedy_next_rows(state, tok_list, par_list), dtype=torch.long, device=tokens.device)
-
     def greedy_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]]) -> list[int]:
-        """:meth:`greedy_next` of host-side ``tokens``/``parents`` rows (``B`` lists of ``Q``), as a list: a
-        greedy chain drafted on the host (:func:`spec_fast.drafts.chain.draft_chain`)."""
+        """``first_max_index`` of :meth:`forward_last`'s logits for host-side ``tokens``/``parents`` rows (``B``
+        lists of ``Q``): the lowest id of the largest match weight at each row's last entry, recording the
+        same block and match lengths, without building the ``[B, 1, V]`` logits: a greedy chain's level,
+        drafted on the host (:func:`spec_fast.drafts.chain.draft_chain`)."""
         laws = self._laws(state, tokens, parents, last_only=True)
         # ids ascend (np.unique), so np.argmax's first maximum is the lowest id, as the dense argmax's is; an
         # empty law (a datastore without followers) is all -inf there, whose first maximum is id 0

@@ -76,8 +76,9 @@ def read_back(verified: Verified, draft: DraftBatch, dual: DualDraft | None, ent
               ) -> HostRows:
     """The step's small tensors on the host, in one transfer: accepted slots, tree tokens, next tokens,
     accepted counts, tree depths, the routed head (0 unless routed), the head of each slot (dual) and each
-    drafter's entries per slot (a :class:`HostVerified`'s own rows, read nothing)."""
-    if isinstance(verified, HostVerified):
+    drafter's entries per slot (a :class:`HostVerified`'s own rows, read nothing, where every drafter holds
+    ``draft.entries``: no dual draft)."""
+    if isinstance(verified, HostVerified) and dual is None:
         return verified.rows
     tree = draft.tree
     column = torch.zeros_like(verified.next_token)

@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import DraftBatch, HeadTrack, draft_root_only
 from spec_fast.drafts.dual import DualDraft, DualDrafter
@@ -51,8 +50,7 @@ from spec_fast.draws import DRAFT, VERIFY, stream_keys
 from spec_fast.engine.adaptive import AdaptiveController, match_hint
 from spec_fast.engine.batch_depth import TIMED_ROWS, PassCost, choose_depth, measure_pass_cost, measure_step_cost
 from spec_fast.engine.batch_engine import BatchEngine
-from spec_fast.engine.commit import (advance_head, aligned, is_block_prefix, pad_rows, read_back,
-                                     verify_greedy_chain_on_host)
+from spec_fast.engine.commit import advance_head, aligned, is_block_prefix, pad_rows, read_back
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.engine.plain_step import plain_step
 from spec_fast.engine.prefill import prefill_drafter, prefill_target, prefill_target_reusing
@@ -378,14 +376,8 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ phase 3: verify
     def _verify_phase(self, st: DecodeState, draft: DraftBatch, dual: DualDraft | None,
                       target_logits: torch.Tensor, best: torch.Tensor | None = None) -> Verified:
-        """Every row's verification (:func:`spec_fast.engine.step_verify.verify_rows`); greedy chains of a
-        single drafter on the host, from ``best [B, N]`` (each slot's argmax) where the pass computed it
-        (:func:`spec_fast.engine.commit.verify_greedy_chain_on_host`: the commit then reads nothing back)."""
-        tree = draft.tree
-        if (dual is None and draft.chain and 1 < tree.num_slots == draft.max_depth + 1
-                and all(s.greedy for s in st.samplings)):
-            return verify_greedy_chain_on_host(draft, best if best is not None else first_max_index(target_logits),
-                                               len(st.heads))
+        """Every row's verification (:func:`spec_fast.engine.step_verify.verify_rows`; ``best [B, N]``: each
+        slot's argmax where the pass computed it, which greedy chains are verified from)."""
         method = "nss" if dual is not None else self.strategy.verifier
 
         def sampled(rows: DraftBatch, logits: torch.Tensor, draft_probs: torch.Tensor,
@@ -393,7 +385,7 @@ class SpeculativeDecoder:
             out, _ = self._verify_sampling(method, rows, logits, draft_probs, samplings, streams)
             return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
 
-        return verify_rows(st, draft, target_logits, sampled)
+        return verify_rows(st, draft, target_logits, sampled, best)
 
     def _verify_sampling(self, method: str, draft: DraftBatch, target_logits: torch.Tensor,
                          draft_probs: torch.Tensor, sampling: Sequence[SamplingParams], offset: VerifyStreams

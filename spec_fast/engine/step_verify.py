@@ -22,6 +22,7 @@ import torch
 
 from spec_fast._sampling import _inverse_cdf, first_max_index
 from spec_fast.verify.tree import Verified
+from spec_fast.engine.commit import verify_greedy_chain_on_host
 from spec_fast.engine.decode_state import DecodeState
 from spec_fast.decoding import SamplingParams, sampling_probs
 from spec_fast.drafts.batch import DraftBatch, argmax_law
@@ -69,10 +70,12 @@ def verify_sampled(method: str, draws: int, draft: DraftBatch, target_logits: to
     return out, streams + tree.num_slots * per_node
 
 
-def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor, sampled: SampledVerifier
-                ) -> Verified:
+def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor, sampled: SampledVerifier,
+                best: torch.Tensor | None = None) -> Verified:
     """Verify every row of ``draft`` against ``target_logits [B, N, V]`` (module docstring); ``sampled``
-    verifies the sampled rows that drafted (e.g. :func:`verify_sampled`)."""
+    verifies the sampled rows that drafted (e.g. :func:`verify_sampled`). Greedy chains are verified on the
+    host (:func:`spec_fast.engine.commit.verify_greedy_chain_on_host`) from ``best [B, N]``, each slot's
+    argmax, where the pass computed it with the logits."""
     tree = draft.tree
     kinds = ["greedy" if s.greedy else "plain" if tree.num_slots == 1 or st.depth_caps[b] < 1 else "tree"
              for b, s in enumerate(st.samplings)]
@@ -80,7 +83,8 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
         if tree.num_slots == 1:  # a plain step: the root's argmax, what the greedy walk returns on a lone root
             return _root_only(first_max_index(target_logits[:, 0]), draft.max_depth)
         if draft.chain and tree.num_slots == draft.max_depth + 1:
-            return _verify_greedy_chain(tree, target_logits)
+            return verify_greedy_chain_on_host(draft, best if best is not None else first_max_index(target_logits),
+                                               len(st.heads))
         out = verify_greedy(tree, target_logits, max_depth=draft.max_depth)
         return Verified(out.accepted_slots, out.accepted_depth, out.next_token)
     streams = VerifyStreams(st.verify_keys, st.verify_offsets())
@@ -130,19 +134,6 @@ def _root_only(token: torch.Tensor, max_depth: int) -> Verified:
     slots = torch.full((int(token.shape[0]), max_depth + 1), -1, dtype=torch.long, device=token.device)
     slots[:, 0] = 0
     return Verified(slots, torch.zeros_like(token), token)
-
-
-def _verify_greedy_chain(tree: FlatTree, target_logits: torch.Tensor) -> Verified:
-    """:func:`verify_greedy` of chains (slot d at depth d, parent d - 1; capped rows' deeper slots invalid):
-    the accepted depth is the length of the leading run of levels whose token is the target's argmax at
-    the level above, and the next token the argmax at the last accepted level."""
-    best = first_max_index(target_logits)  # [B, N]
-    match = tree.valid[:, 1:] & (tree.tokens[:, 1:] == best[:, :-1])  # [B, N - 1]
-    depth = match.long().cumprod(dim=1).sum(dim=1)  # [B]
-    token = best.gather(1, depth.unsqueeze(1)).squeeze(1)
-    levels = torch.arange(tree.num_slots, device=best.device).unsqueeze(0)
-    slots = torch.where(levels <= depth.unsqueeze(1), levels, torch.full_like(levels, -1))
-    return Verified(slots, depth, token)
 
 
 def target_probs(logits: torch.Tensor, samplings: Sequence[SamplingParams]) -> torch.Tensor:

@@ -286,9 +286,9 @@ def test_a_deep_match_chain_ends_where_the_match_ends_and_keeps_the_drafters_tex
 
 @given(sequences, st.lists(st.lists(tokens, min_size=1, max_size=10), min_size=1, max_size=3),
        st.lists(st.lists(tokens, min_size=1, max_size=3), min_size=1, max_size=3), st.booleans())
-def test_greedy_next_is_the_argmax_of_the_last_entrys_logits(seqs: list[list[int]], committed: list[list[int]],
-                                                             blocks: list[list[int]], with_index: bool) -> None:
-    """``greedy_next`` (a greedy chain's level without the dense logits) against ``first_max_index`` of
+def test_greedy_next_rows_is_the_argmax_of_the_last_entrys_logits(seqs: list[list[int]], committed: list[list[int]],
+                                                                  blocks: list[list[int]], with_index: bool) -> None:
+    """``greedy_next_rows`` (a greedy chain's level without the dense logits) against ``first_max_index`` of
     ``forward_last``'s logits, on two states alike: the same tokens, block and match lengths (ties, own-text
     matches, the unigram law and the uniform law without a datastore included)."""
     drafter = RetrievalDrafter(SuffixIndex(seqs, VOCAB, 4) if with_index else None, VOCAB, 4)
@@ -302,9 +302,9 @@ def test_greedy_next_is_the_argmax_of_the_last_entrys_logits(seqs: list[list[int
         state = drafter.begin(rows, torch.device("cpu"))
         state.committed = [list(c) for c in committed]
         states.append(state)
-    fast = drafter.greedy_next(states[0], tokens_in, parents)
+    fast = drafter.greedy_next_rows(states[0], tokens_in.tolist(), parents.tolist())
     dense = drafter.forward_last(states[1], tokens_in, parents)
-    assert torch.equal(fast, first_max_index(dense[:, 0]))
+    assert fast == first_max_index(dense[:, 0]).tolist()
     for name in ("block_tokens", "block_parents", "match_lengths", "passes"):
         assert getattr(states[0], name) == getattr(states[1], name), name
 
@@ -318,7 +318,8 @@ def test_a_greedy_retrieval_chain_drafts_the_same_with_and_without_its_argmax_sh
     runs = []
     for shortcut in (True, False):
         if not shortcut:
-            monkeypatch.setattr(RetrievalDrafter, "greedy_next", None)
+            # without it the chain builder takes the dense laws and their argmax, level by level on tensors
+            monkeypatch.setattr(RetrievalDrafter, "greedy_next_rows", None)
         decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
         result = decoder.generate([[1, 5, 7, 9], [4, 2, 6]], max_new_tokens=24, record_trees=True)
         runs.append((result.tokens, [t.tokens.tolist() for t in result.trees], result.metrics.accepted_length_histogram,

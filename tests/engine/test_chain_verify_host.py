@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-import spec_fast.engine.decoder as decoder_module
+import spec_fast.engine.step_verify as step_verify_module
 from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import argmax_law
@@ -78,7 +78,7 @@ def test_decoding_with_host_verified_chains_equals_the_general_path(monkeypatch:
     index = SuffixIndex([PROMPTS[0] + [2, 8, 5, 7], [4, 2, 6, 6, 1], [8, 8, 1, 3, 5, 7]], VOCAB, 4)
     decoder = SpeculativeDecoder(target, RetrievalDrafter(index, VOCAB, 4), parse_strategy(strategy))
     calls: list[int] = []
-    hosted = decoder_module.verify_greedy_chain_on_host
+    hosted = step_verify_module.verify_greedy_chain_on_host
 
     def counted(*args: Any) -> HostVerified:
         calls.append(1)
@@ -86,7 +86,7 @@ def test_decoding_with_host_verified_chains_equals_the_general_path(monkeypatch:
 
     results = []
     for wrap in (counted, lambda *args: general_path(hosted(*args))):
-        monkeypatch.setattr(decoder_module, "verify_greedy_chain_on_host", wrap)
+        monkeypatch.setattr(step_verify_module, "verify_greedy_chain_on_host", wrap)
         for prompts in ([PROMPTS[0]], PROMPTS):
             results.append(summary(decoder.generate(prompts, max_new_tokens=16, eos_token_id=3)))
     assert results[:2] == results[2:]
