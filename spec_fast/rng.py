@@ -54,6 +54,25 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_xor(z, _shr(z, 31))
 
 
+#: at most this many counters on the CPU are hashed in Python integers (:func:`_splitmix64_int`), the same
+#: bits: the twenty-odd tensor operations of the vectorised hash cost ~80 us however few counters a
+#: decoding step draws (a few per row)
+HOST_COUNTERS = 64
+
+
+def _splitmix64_int(value: int) -> int:
+    """:func:`splitmix64` of one int64 value in Python integers: the unsigned 64-bit result."""
+    z = (value + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _uniform_int(counter: int) -> float:
+    """The uniform of key + counter (any integer, taken mod 2**64) on the 2**-24 grid."""
+    return (_splitmix64_int(counter & _MASK64) >> (64 - UNIFORM_BITS)) * 2.0 ** -UNIFORM_BITS
+
+
 def _as_int64(value: int | torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
@@ -104,6 +123,12 @@ def counter_uniforms(
         inner = 1
         for s in shape[1:]:
             inner *= s
+        if device.type == "cpu" and rows * inner <= HOST_COUNTERS:
+            keys = [_splitmix64_int(k) for k in seed_t.tolist()]
+            starts = offset_t.tolist()
+            values = [_uniform_int(keys[b if len(keys) > 1 else 0] + starts[b if len(starts) > 1 else 0] + i)
+                      for b in range(rows) for i in range(inner)]
+            return torch.tensor(values, dtype=torch.float32).reshape(shape)
         index = torch.arange(inner, dtype=torch.int64, device=device).unsqueeze(0)  # [1, inner]
         key = splitmix64(seed_t).unsqueeze(1)  # [B or 1, 1]
         counter = offset_t.unsqueeze(1) + index  # [B or 1, inner]

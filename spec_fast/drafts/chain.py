@@ -4,8 +4,10 @@ with K = 1)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from spec_fast._sampling import first_max_index
@@ -39,6 +41,10 @@ def draft_chain(
     greedy_next_rows = getattr(drafter, "greedy_next_rows", None) if greedy else None
     if greedy_next_rows is not None:
         return _greedy_chain_on_host(drafter, greedy_next_rows, state, pending, roots, depth, device)
+    sparse_next_rows = getattr(drafter, "sparse_next_rows", None) if not greedy else None
+    if sparse_next_rows is not None:
+        return _sampled_chain_on_host(drafter, sparse_next_rows, state, pending, roots, depth, draft_law, streams,
+                                      device)
     logits, width = pending_forward(drafter, state, pending, device)
     tokens: list[torch.Tensor] = []  # [B] per depth
     qs: list[torch.Tensor] = []  # [B, V] per depth
@@ -134,6 +140,71 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
     entry_row = entries + [-1] * (depth + 1 - len(entries))
     draft = DraftBatch(tree, None, torch.ones(batch, depth + 1, device=device),
                        torch.tensor([entry_row] * batch, dtype=long, device=device),
+                       torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
+                                    device=device), width, depth, chain=True)
+    return _cut_to_chain_depths(drafter, state, entries[:depth], draft)
+
+
+def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, pending: Sequence[Sequence[int]],
+                           roots: Sequence[int], depth: int, draft_law: DraftLaw, streams: RowStreams,
+                           device: torch.device) -> DraftBatch:
+    """:func:`draft_chain` for a drafter whose ``sparse_next_rows`` gives each row's law as a few ids and
+    weights (retrieval): each level's law is ``draft_law`` of the ``log(weights)`` of the matched ids alone
+    (``-inf`` past a row's ids), and the level's token the same inverse-CDF draw with the same uniform, over
+    those ids; the dense ``draft_probs`` row holds exactly these values at the ids (zeros elsewhere, where the
+    dense logits' law is zero too), so the tokens are drawn from the law the verifier reads. The same drafter
+    calls in the same order as the dense path; G over ``[B, 1, V]`` logits and a draw over ``V`` per level
+    cost more than the rest of the step's drafting."""
+    batch = len(pending)
+    vocab = int(getattr(drafter, "vocab_size"))
+    width = max(len(p) for p in pending)
+    feed = [[0] * (width - len(p)) + [int(t) for t in p] for p in pending]
+    feed_parents = [[-1] * (width - len(p) + 1) + list(range(width - len(p), width - 1)) for p in pending]
+    laws = sparse_next_rows(state, feed, feed_parents)
+    levels: list[list[int]] = []
+    qs: list[torch.Tensor] = []  # [B, V] per level
+    taken: list[torch.Tensor] = []  # [B] q(x) per level
+    entries = [width - 1]
+    for level in range(depth):
+        ids = [np.asarray(i, dtype=np.int64) if len(i) else np.zeros(1, dtype=np.int64) for i, _ in laws]
+        logs = [np.log(w).astype(np.float32) if len(w) else np.zeros(1, dtype=np.float32) for _, w in laws]
+        columns = max(len(i) for i in ids)
+        compact = torch.full((batch, 1, columns), -math.inf)
+        at = torch.full((batch, columns), vocab, dtype=torch.long)  # padding lands in a spare column
+        for b in range(batch):
+            compact[b, 0, :len(logs[b])] = torch.from_numpy(logs[b])
+            at[b, :len(ids[b])] = torch.from_numpy(ids[b])
+        q = draft_law(compact.to(device))[:, 0]  # [B, columns]
+        pick = categorical(q, streams.uniforms(level, 1))  # [B, 1]
+        token = at.to(device).gather(1, pick)
+        dense = torch.zeros(batch, vocab + 1, dtype=torch.float32, device=device)
+        qs.append(dense.scatter_(1, at.to(device), q)[:, :vocab])
+        taken.append(q.gather(1, pick).squeeze(1))
+        level_tokens = [int(t) for t in token.squeeze(1).tolist()]
+        levels.append(level_tokens)
+        if level + 1 >= depth:
+            break
+        base = drafter.num_block(state)
+        laws = sparse_next_rows(state, [[t] for t in level_tokens], [[entries[-1]]] * batch)
+        entries.append(base)
+        if not _next_level_drafted(drafter, state, entries, level):
+            break
+    depth = len(levels)
+    drafted = [[levels[d][b] for d in range(depth)] for b in range(batch)]
+    steps = list(range(depth + 1))
+    long = torch.long
+    tree = FlatTree(
+        tokens=torch.tensor([[-1] + row for row in drafted], dtype=long, device=device),
+        parents=torch.tensor([[s - 1 for s in steps]] * batch, dtype=long, device=device),
+        depths=torch.tensor([steps] * batch, dtype=long, device=device),
+        draws=torch.tensor([[[t] for t in row] + [[-1]] for row in drafted], dtype=long, device=device),
+        valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
+    )
+    draft_probs = torch.stack(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, D + 1, V]
+    confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(torch.stack(taken, dim=1), dim=1)],
+                            dim=1)
+    entry_row = entries + [-1] * (depth + 1 - len(entries))
+    draft = DraftBatch(tree, draft_probs, confidences, torch.tensor([entry_row] * batch, dtype=long, device=device),
                        torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
                                     device=device), width, depth, chain=True)
     return _cut_to_chain_depths(drafter, state, entries[:depth], draft)

@@ -309,10 +309,18 @@ class RetrievalDrafter(Drafter):
         lists of ``Q``): the lowest id of the largest match weight at each row's last entry, recording the
         same block and match lengths, without building the ``[B, 1, V]`` logits: a greedy chain's level,
         drafted on the host (:func:`spec_fast.drafts.chain.draft_chain`)."""
-        laws = self._laws(state, tokens, parents, last_only=True)
         # ids ascend (np.unique), so np.argmax's first maximum is the lowest id, as the dense argmax's is; an
         # empty law (a datastore without followers) is all -inf there, whose first maximum is id 0
-        return [int(ids[int(np.argmax(weights))]) if len(ids) else 0 for _, _, ids, weights in laws]
+        return [int(ids[int(np.argmax(weights))]) if len(ids) else 0
+                for ids, weights in self.sparse_next_rows(state, tokens, parents)]
+
+    def sparse_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]]
+                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`forward_last` for host-side ``tokens``/``parents`` rows (``B`` lists of ``Q``) as each row's
+        ``(ids, weights)`` at its last entry (ids ascending; the logits are ``log(weights)`` there and ``-inf``
+        elsewhere), recording the same block and match lengths: a sampled chain's level, drafted over the
+        matched ids alone (:func:`spec_fast.drafts.chain.draft_chain`)."""
+        return [(ids, weights) for _, _, ids, weights in self._laws(state, tokens, parents, last_only=True)]
 
     def _forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor, last_only: bool) -> torch.Tensor:
         batch, num_query = tokens.shape

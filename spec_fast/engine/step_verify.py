@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec_fast._sampling import _inverse_cdf, first_max_index
+from spec_fast._sampling import _inverse_cdf, _residual_weights, first_max_index
 from spec_fast.verify.tree import Verified
 from spec_fast.engine.commit import verify_greedy_chain_on_host
 from spec_fast.engine.decode_state import DecodeState
@@ -30,7 +30,7 @@ from spec_fast.flat_tree import FlatTree
 from spec_fast.rng import counter_uniforms
 from spec_fast.verify import TreeVerifyOutput, uniforms_per_node, verify_greedy, verify_tree
 
-__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "draft_law", "target_probs"]
+__all__ = ["VerifyStreams", "verify_rows", "verify_sampled", "verify_naive_chain_on_host", "draft_law", "target_probs"]
 
 Law = Callable[[torch.Tensor], torch.Tensor]
 
@@ -61,13 +61,67 @@ def verify_sampled(method: str, draws: int, draft: DraftBatch, target_logits: to
                    ) -> tuple[TreeVerifyOutput, VerifyStreams]:
     """``verify_tree(method)`` of ``draft``'s rows with p = G(target logits) (row r's own G) and their own
     uniforms (``M`` per node fixed by ``draws``, the most draws a node of the strategy has); returns the
-    output and the streams past the uniforms it read."""
+    output and the streams past the uniforms it read. Naive verification of chains takes
+    :func:`verify_naive_chain_on_host` (the same output)."""
     tree = draft.tree
     per_node = max(1, uniforms_per_node(method, max(tree.max_draws, draws)))
     uniforms = streams.uniforms((tree.batch_size, tree.num_slots, per_node))
-    out = verify_tree(method, tree, target_probs(target_logits, samplings), draft_probs, uniforms,
-                      max_depth=draft.max_depth, validate=False)
+    probs = target_probs(target_logits, samplings)
+    if method == "naive" and draft.chain:
+        out = verify_naive_chain_on_host(draft, probs, draft_probs, uniforms)
+    else:
+        out = verify_tree(method, tree, probs, draft_probs, uniforms, max_depth=draft.max_depth, validate=False)
     return out, streams + tree.num_slots * per_node
+
+
+def verify_naive_chain_on_host(draft: DraftBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                               uniforms: torch.Tensor) -> TreeVerifyOutput:
+    """``verify_tree("naive", ...)`` of chains (``draft.chain``: slot d at depth d, its drafted child in slot
+    d + 1; a capped row's last slot has no draw) with the accept tests on the host: one read of p(x), q(x)
+    and the node's uniforms at every slot finds where each row stops, then one batch of inverse-CDF draws
+    (the residual ``Res(p, q)`` with u1 where a test failed, p itself with u0 at a leaf) gives the next tokens.
+    The same tests on the same float32 values widened to float64 (``u0 * q(x) < p(x)``) and the same draws
+    per row as the top-down driver makes, so the same output, without the driver's tensor operations per
+    depth (a few dozen small ones, each dearer than its arithmetic on a chain of two or three slots).
+
+    ``target_probs`` and ``draft_probs`` ``[R, N, V]`` float32; ``uniforms [R, N, M]`` (M >= 1)."""
+    tree = draft.tree
+    rows_n, slots_n = tree.tokens.shape
+    width = draft.max_depth + 1
+    child = tree.draws[:, :, 0]  # [R, N]: the drafted token below each slot, -1 at a leaf
+    at_child = child.clamp(min=0).unsqueeze(2)
+    second = min(1, int(uniforms.shape[2]) - 1)
+    host = torch.cat([target_probs.gather(2, at_child).squeeze(2).double(),
+                      draft_probs.gather(2, at_child).squeeze(2).double(),
+                      uniforms[:, :, 0].double(), uniforms[:, :, second].double(), child.double(),
+                      tree.tokens.double()], dim=1).tolist()
+    stops: list[int] = []
+    rejected: list[bool] = []
+    draw_uniforms: list[float] = []
+    for row in host:
+        p_x, q_x, u0, u1 = (row[i * slots_n:(i + 1) * slots_n] for i in range(4))
+        node = 0
+        while node + 1 < slots_n and int(row[4 * slots_n + node]) >= 0:
+            if not u0[node] * q_x[node] < p_x[node]:
+                break
+            node += 1
+        leaf = int(row[4 * slots_n + node]) < 0
+        stops.append(node)
+        rejected.append(not leaf)
+        draw_uniforms.append(u0[node] if leaf else u1[node])
+    device = target_probs.device
+    every = torch.arange(rows_n, device=device)
+    stop = torch.tensor(stops, dtype=torch.long, device=device)
+    weights = _residual_weights(target_probs[every, stop], draft_probs[every, stop],
+                                torch.tensor(rejected, dtype=torch.bool, device=device))
+    next_token = _inverse_cdf(weights, torch.tensor(draw_uniforms, dtype=torch.float32, device=device))
+    slots = [[i if i <= s else -1 for i in range(width)] for s in stops]
+    emitted = [[int(row[5 * slots_n + i]) for i in range(1, s + 1)] + [-2] + [-1] * (width - s - 1)
+               for row, s in zip(host, stops, strict=True)]
+    emitted_t = torch.tensor(emitted, dtype=torch.long, device=device)
+    emitted_t[every, stop] = next_token
+    return TreeVerifyOutput(torch.tensor(slots, dtype=torch.long, device=device), stop, next_token, emitted_t,
+                            stop.clone())
 
 
 def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor, sampled: SampledVerifier,
