@@ -103,6 +103,15 @@ def _next_level_drafted(drafter: Drafter, state: Any, entries: list[int], level:
     return depths is None or max(depths, default=0) >= level + 2
 
 
+def _pending_block(pending: Sequence[Sequence[int]]) -> tuple[int, list[list[int]], list[list[int]]]:
+    """:func:`pending_forward`'s block as host-side rows: its width, and each row's pending chain right-aligned
+    (zeros and parents -1 before it) with its parents."""
+    width = max(len(p) for p in pending)
+    feed = [[0] * (width - len(p)) + [int(t) for t in p] for p in pending]
+    feed_parents = [[-1] * (width - len(p) + 1) + list(range(width - len(p), width - 1)) for p in pending]
+    return width, feed, feed_parents
+
+
 def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, pending: Sequence[Sequence[int]],
                           roots: Sequence[int], depth: int, device: torch.device) -> DraftBatch:
     """:func:`draft_chain` of a greedy chain for a drafter whose ``greedy_next_rows`` takes and gives host-side
@@ -110,10 +119,7 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
     ``chain_depths`` after each) and the same draft, its tensors built once at the end instead of a few small
     tensor operations per level around a drafter that reads them back anyway."""
     batch = len(pending)
-    width = max(len(p) for p in pending)
-    # pending_forward's block: each row's pending chain right-aligned, zeros and parents -1 before it
-    feed = [[0] * (width - len(p)) + [int(t) for t in p] for p in pending]
-    feed_parents = [[-1] * (width - len(p) + 1) + list(range(width - len(p), width - 1)) for p in pending]
+    width, feed, feed_parents = _pending_block(pending)
     level_tokens = greedy_next_rows(state, feed, feed_parents)  # [B]
     levels: list[list[int]] = []
     entries = [width - 1]
@@ -157,9 +163,7 @@ def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, 
     cost more than the rest of the step's drafting."""
     batch = len(pending)
     vocab = int(getattr(drafter, "vocab_size"))
-    width = max(len(p) for p in pending)
-    feed = [[0] * (width - len(p)) + [int(t) for t in p] for p in pending]
-    feed_parents = [[-1] * (width - len(p) + 1) + list(range(width - len(p), width - 1)) for p in pending]
+    width, feed, feed_parents = _pending_block(pending)
     laws = sparse_next_rows(state, feed, feed_parents)
     levels: list[list[int]] = []
     qs: list[torch.Tensor] = []  # [B, V] per level
