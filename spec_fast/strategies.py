@@ -142,10 +142,12 @@ DEFAULT_STRATEGY = "chain:1"
 DEFAULT_RETRIEVAL_STRATEGY = "chain:2"
 #: The CLI default with a trained or retrieval draft named at temperature > 0 (with none named, sampling
 #: decodes plain: :data:`spec_fast.settings.DEFAULT_SAMPLED_DRAFT`): the best speculative worst case of
-#: bench/results/defaults_sampled.md at 9c34e49 (chat and input-grounded prompts at T = 0.7), ``chain:1`` at
-#: 0.92x / 1.02x plain decoding (``chain:1+adaptive`` 0.89x / 0.93x, ``chain:3`` 0.86x / 0.91x). Sampled, a
-#: retrieval draft's proposal is accepted with the target's probability of it (1.29 tokens per pass on chat
-#: for ``chain:1``), and longer chains lost more.
+#: bench/results/defaults_sampled_9c34e49/ (chat and input-grounded prompts at T = 0.7), ``chain:1`` at
+#: 0.92x / 1.02x plain decoding (``chain:1+adaptive`` 0.89x / 0.93x, ``chain:3`` 0.86x / 0.91x); at 208158e
+#: (bench/results/defaults_sampled.md) 0.97x / 1.03x, ``chain:1+adaptive`` 1.03x / 1.01x, which decodes sampled
+#: rows exactly as ``chain:1`` (``+adaptive`` steers greedy rows only), so their gap is the run's noise.
+#: Sampled, a retrieval draft's proposal is accepted with the target's probability of it (1.29 tokens per pass
+#: on chat for ``chain:1``), and longer chains gained nothing.
 DEFAULT_SAMPLED_STRATEGY = "chain:1"
 #: The CLI default with any other draft (early exit, HF model): ``+adaptive`` falls back to plain steps
 #: where drafting does not pay, as with the untrained early-exit draft (bench/results/engine.md).
