@@ -13,9 +13,12 @@ of a one-node tree inline; its pass with a head of blocks is one native call of 
 verification, the commit (within it the native move of ragged rows' kept entries), and the whole engine step.
 The same run also measures the step table the batch-aware default reads
 (``spec_fast.engine.batch_depth.measure_step_cost``), to set its ratios beside the ones of real decoding.
-Writes ``bench/results/step_phases.{json,md,png}``.
+Writes ``bench/results/step_phases.{json,md,png}``. ``--temperature T`` times sampled requests instead, with the
+retrieval draft and the strategy a named draft gets when sampling (``chain:1``): where a sampled drafted step's
+time goes against a sampled plain step.
 
     python bench/step_phases.py            # about 3 minutes on 2 cores, 1 thread
+    python bench/step_phases.py --temperature 0.7 --out bench/results/step_phases_sampled
 """
 
 from __future__ import annotations
@@ -83,11 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--block", type=int, default=10, help="timed steps of a cell per round")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="> 0: sampled requests (seed = the request's index), and the retrieval draft with the "
+                             "strategy a named draft gets when sampling (the default itself then decodes plain)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     plain, tokenizer = load_decoder(resolve_settings(strategy="ar"))
-    default_settings = resolve_settings()
+    sampled = args.temperature > 0
+    default_settings = resolve_settings(draft="retrieval", temperature=args.temperature) if sampled \
+        else resolve_settings()
     speculative = load_decoder(default_settings)[0]
     depth = speculative.strategy.depth
     prompts = [chat_prompt_ids(tokenizer, p) for p in TUNING["chat"]]
@@ -109,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             for j in range(rows):
                 # long enough that no request ends within the run (the steps stay at `rows` rows): every step
                 # emits at most depth + 1 tokens
-                engine.add_request(prompts[(len(engines) + j) % len(prompts)], SamplingParams(),
+                engine.add_request(prompts[(len(engines) + j) % len(prompts)],
+                                   SamplingParams(temperature=args.temperature, seed=j),
                                    2 * (depth + 1) * (args.rounds + 1) * (args.block + 1) + 64)
             engine.step()
             engines[key] = engine
@@ -169,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"{default_settings.model.describe()}, quantize {default_settings.quantize}",
         "default": f"{default_settings.draft}, {default_settings.strategy.label()}",
         "prompts": "bench.workloads.TUNING chat (a diagnostic for the policy's defaults: off the held-out prompts), "
-                   "greedy, no end-of-sequence token: every request decodes to the end of the run",
+                   + (f"sampled at T = {args.temperature} (seed = the request's index)" if sampled else "greedy")
+                   + ", no end-of-sequence token: every request decodes to the end of the run",
         "method": f"the cells take turns in blocks of {args.block} steps (after one untimed step), {args.rounds} "
                   "rounds, the order reversed every other round; the default's two depths at a row count on one "
                   "engine (the same requests and contexts); ms per step = median over the rounds",
