@@ -22,6 +22,10 @@ F64 = torch.float64
 #: Set by :mod:`spec_fast.lean.row_ops` when it is imported: ``values [R, V]`` (CPU float32) -> the indices
 #: :func:`first_max_index` returns, from its C sweep, or None where that library is not loaded.
 native_first_max: Callable[[Tensor], Tensor | None] | None = None
+#: Set by :mod:`spec_fast.lean.row_ops` too: ``(logits [R, V], temperature [R], uniforms [R])`` (CPU float32) ->
+#: one draw per row from ``softmax((logits - max) / T)`` in one native sweep, or None where the library is not
+#: loaded or the logits do not suit it.
+native_tempered_draw: Callable[[Tensor, Tensor, Tensor], Tensor | None] | None = None
 #: The native sweep takes argmaxes over at least this many values (several rows of logits): over one row
 #: of 49152 it saved ~20 us a call, which the Python around it cost back in a decoding step (scratch A/B)
 NATIVE_FIRST_MAX_FROM = 65536

@@ -12,18 +12,18 @@ The tokens, random streams, caches, drafters' pending tokens, proposer state and
 of the general step (tests/engine/test_plain_step.py runs both side by side): the next token is
 :func:`~spec_fast._sampling.first_max_index` of the root's logits for greedy rows and, for sampled rows, the
 inverse-CDF draw with the row's first verifier uniform of the step (:func:`spec_fast.engine.step_verify.
-verify_rows`' plain rows).
+draw_plain`, as :func:`~spec_fast.engine.step_verify.verify_rows` draws its plain rows).
 """
 
 from __future__ import annotations
 
 import torch
 
-from spec_fast._sampling import _inverse_cdf, first_max_index
+from spec_fast._sampling import first_max_index
 from spec_fast.drafts.proposer import PlainProposer, Proposer
 from spec_fast.engine.commit import advance_head
 from spec_fast.engine.decode_state import DecodeState
-from spec_fast.engine.step_verify import VerifyStreams, _root_only, target_probs
+from spec_fast.engine.step_verify import VerifyStreams, _root_only, draw_plain
 
 __all__ = ["plain_step"]
 
@@ -53,7 +53,7 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
         next_tokens = best[:, 0] if best is not None else first_max_index(logits)
     else:  # node 0's first uniform of the step, as verify_rows draws a plain row's token
         streams = VerifyStreams(st.verify_keys, st.verify_offsets())
-        next_tokens = _inverse_cdf(target_probs(logits, samplings), streams.uniforms((batch, 1, 1))[:, 0, 0])
+        next_tokens = draw_plain(logits, samplings, streams.uniforms((batch, 1, 1))[:, 0, 0])
     accepted = [0] * batch
     if type(proposer).after_commit is not PlainProposer.after_commit:
         proposer.after_commit(st, None, _root_only(next_tokens, 0), accepted)

@@ -174,5 +174,69 @@ void spec_fast_first_max(const float *x, int64_t rows, int64_t size, int64_t ldx
     }
 }
 
+/* e^z for z <= 0 (z = (logit - max) / T): z = n ln 2 + r with |r| <= ln 2 / 2, e^r by the minimax polynomial
+ * of the Cephes library's expf (about one ulp), times 2^n through the exponent bits. Below -87 (under float's
+ * smallest normal number) it is 0, so a -inf logit weighs exactly 0 and a NaN weighs 0. Plain arithmetic
+ * (rounding by the 1.5 * 2^23 trick, no libm call), so the loop over a row vectorises. */
+static inline float exp_nonpositive(float z) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float n = (z * 1.44269504088896341f + magic) - magic;
+    float r = z - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int32_t exponent = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &exponent, sizeof scale);
+    return z > -87.0f ? y * scale : 0.0f;
+}
+
+/* One draw per row from the tempered softmax of float32 logits [rows, size] (row r at x + r * ldx): weights
+ * w_i = e^((x_i - max) / T_r) (a row whose maximum is not finite is shifted by 0), and the smallest index
+ * whose running sum (float64, in index order) exceeds u_r times the total; where rounding leaves no such
+ * index, the last of positive weight; a row of no positive weight (all -inf or NaN) gives its first maximum.
+ * The law is softmax((x - max) / T) up to float rounding: what torch's softmax and an inverse-CDF draw over
+ * it give, in one sweep for the weights and one for the draw instead of a dozen passes over the row.
+ * `scratch` holds `size` floats. */
+void spec_fast_tempered_draw(const float *x, int64_t rows, int64_t size, int64_t ldx, const float *temperature,
+                             const float *u, float *scratch, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * ldx;
+        int64_t first_max = 0;
+        spec_fast_first_max(row, 1, size, size, &first_max); /* its vector sweep; a NaN counts as the maximum */
+        const float most = row[first_max];
+        const float shift = (most - most == 0.0f) ? most : 0.0f; /* finite: x - x is 0; inf, NaN: NaN */
+        const float t = temperature[r];
+        double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = 0;
+        for (; i < size; ++i) scratch[i] = exp_nonpositive((row[i] - shift) / t);
+        for (i = 0; i + 8 <= size; i += 8)
+            for (int k = 0; k < 8; ++k) lanes[k] += (double)scratch[i + k];
+        double total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        for (; i < size; ++i) total += (double)scratch[i];
+        if (!(total > 0.0) || total - total != 0.0) { /* no positive weight, or an infinite or NaN total */
+            out[r] = first_max;
+            continue;
+        }
+        const double threshold = (double)u[r] * total;
+        double running = 0.0;
+        int64_t pick = -1, last_positive = 0;
+        for (i = 0; i < size; ++i) {
+            if (scratch[i] > 0.0f) last_positive = i;
+            running += (double)scratch[i];
+            if (running > threshold && scratch[i] > 0.0f) {
+                pick = i;
+                break;
+            }
+        }
+        out[r] = pick >= 0 ? pick : last_positive;
+    }
+}
+
 /* The version of this file's interface; native.py refuses a library that reports another. */
-int64_t spec_fast_kernels_version(void) { return 12; }
+int64_t spec_fast_kernels_version(void) { return 13; }

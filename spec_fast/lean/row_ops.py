@@ -11,7 +11,7 @@ import torch
 from spec_fast import _sampling
 from spec_fast.lean import native
 
-__all__ = ["first_max_index", "rms_norm", "round_half"]
+__all__ = ["first_max_index", "rms_norm", "round_half", "tempered_draw"]
 
 
 def first_max_index(values: torch.Tensor) -> torch.Tensor:
@@ -41,6 +41,14 @@ def _first_max_where_loaded(values: torch.Tensor) -> torch.Tensor | None:
 _sampling.native_first_max = _first_max_where_loaded
 
 
+def _tempered_draw_where_loaded(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor
+                                ) -> torch.Tensor | None:
+    """:func:`tempered_draw` where the library is loaded already and ``logits`` suit it, else None."""
+    if native._STATE.get("lib") is None or logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        return None
+    return tempered_draw(logits, temperature, uniforms)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x [..., H]`` float32 on the CPU -> ``x / sqrt(mean(x^2) + eps) * weight`` as the native layers
     compute their norms (the mean accumulated in float64): a model's final norm, the same bits whether
@@ -68,3 +76,28 @@ def round_half(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(source.shape, dtype=torch.float16)
     lib.spec_fast_round_half(source.data_ptr(), source.numel(), out.data_ptr())
     return out
+
+
+def tempered_draw(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``logits [R, V]`` float32 on the CPU (rows of unit stride), ``temperature [R]`` float32 (> 0) and
+    ``uniforms [R]`` float32 in [0, 1) -> ``[R]`` int64: one draw per row from ``softmax((logits - max) / T)``
+    (``spec_fast_tempered_draw`` in ``kernels.c``: the smallest index whose running weight exceeds ``u`` times
+    the row's total, never one of zero weight; a row without positive weight gives its first maximum)."""
+    lib = native._library()
+    assert lib is not None
+    native._check("logits", logits, torch.float32, 2)
+    rows, size = int(logits.shape[0]), int(logits.shape[1])
+    if size < 1 or (size > 1 and logits.stride(1) != 1):
+        raise ValueError(f"logits must be [R, V] with V >= 1 and rows of unit stride, got "
+                         f"logits.shape={tuple(logits.shape)}, logits.stride()={logits.stride()}")
+    native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
+    native._check("uniforms", uniforms, torch.float32, 1, contiguous=True, shape=(rows,))
+    out = torch.empty(rows, dtype=torch.int64)
+    if rows > 0:
+        scratch = torch.empty(size, dtype=torch.float32)
+        lib.spec_fast_tempered_draw(logits.data_ptr(), rows, size, int(logits.stride(0)), temperature.data_ptr(),
+                                    uniforms.data_ptr(), scratch.data_ptr(), out.data_ptr())
+    return out
+
+
+_sampling.native_tempered_draw = _tempered_draw_where_loaded
