@@ -26,6 +26,10 @@ native_first_max: Callable[[Tensor], Tensor | None] | None = None
 #: one draw per row from ``softmax((logits - max) / T)`` in one native sweep, or None where the library is not
 #: loaded or the logits do not suit it.
 native_tempered_draw: Callable[[Tensor, Tensor, Tensor], Tensor | None] | None = None
+#: And ``(logits [R, N, V], temperature [R], child [R, N], draft_probs [R, N, V], u0 [R, N], u1 [R, N])`` -> each
+#: row's stop slot and next token: the naive verification of chains against the tempered softmax, or None.
+native_naive_chain: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor] | None] | None \
+    = None
 #: The native sweep takes argmaxes over at least this many values (several rows of logits): over one row
 #: of 49152 it saved ~20 us a call, which the Python around it cost back in a decoding step (scratch A/B)
 NATIVE_FIRST_MAX_FROM = 65536

@@ -68,12 +68,65 @@ def verify_sampled(method: str, draws: int, draft: DraftBatch, target_logits: to
     tree = draft.tree
     per_node = max(1, uniforms_per_node(method, max(tree.max_draws, draws)))
     uniforms = streams.uniforms((tree.batch_size, tree.num_slots, per_node))
-    probs = target_probs(target_logits, samplings)
-    if method == "naive" and draft.chain:
-        out = verify_naive_chain_on_host(draft, probs, draft_probs, uniforms)
+    native = _native_naive_chain(draft, target_logits, draft_probs, samplings, uniforms) \
+        if method == "naive" and draft.chain else None
+    if native is not None:
+        out = native
+    elif method == "naive" and draft.chain:
+        out = verify_naive_chain_on_host(draft, target_probs(target_logits, samplings), draft_probs, uniforms)
     else:
-        out = verify_tree(method, tree, probs, draft_probs, uniforms, max_depth=draft.max_depth, validate=False)
+        out = verify_tree(method, tree, target_probs(target_logits, samplings), draft_probs, uniforms,
+                          max_depth=draft.max_depth, validate=False)
     return out, streams + tree.num_slots * per_node
+
+
+def _unfiltered_temperatures(samplings: Sequence[SamplingParams], vocab: int) -> torch.Tensor | None:
+    """``[R]`` float32 temperatures (clamped as G clamps them) where every row samples from its tempered
+    softmax without top-k below ``vocab`` or top-p, else None."""
+    if not all(s.temperature > 0 and not 0 < s.top_k < vocab and s.top_p >= 1.0 for s in samplings):
+        return None
+    temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
+    return temperature.clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _native_naive_chain(draft: DraftBatch, target_logits: torch.Tensor, draft_probs: torch.Tensor,
+                        samplings: Sequence[SamplingParams], uniforms: torch.Tensor) -> TreeVerifyOutput | None:
+    """The naive verification of chains in the native library (:func:`spec_fast.lean.row_ops.naive_chain`:
+    p the tempered softmax to float rounding, the accept tests of ``verify_tree`` on that p, its draws up to
+    the rounding of running sums) for unfiltered sampled CPU float32 rows where it is loaded; None otherwise.
+    G, the gathers and the draw over ``[R, N, V]`` tensors took ~1.2 ms of a chain:1 step on one thread."""
+    native_chain = _sampling.native_naive_chain
+    if native_chain is None or target_logits.device.type != "cpu" or target_logits.dtype != torch.float32:
+        return None
+    temperature = _unfiltered_temperatures(samplings, int(target_logits.shape[-1]))
+    if temperature is None:
+        return None
+    tree = draft.tree
+    second = min(1, int(uniforms.shape[2]) - 1)
+    found = native_chain(target_logits, temperature, tree.draws[:, :, 0].contiguous(), draft_probs.float(),
+                         uniforms[:, :, 0].contiguous(), uniforms[:, :, second].contiguous())
+    if found is None:
+        return None
+    stop, next_token = found
+    return _chain_output(draft, stop.tolist(), stop, next_token)
+
+
+def _chain_output(draft: DraftBatch, stops: list[int], stop: torch.Tensor, next_token: torch.Tensor
+                  ) -> TreeVerifyOutput:
+    """The verification of chains whose row b stopped at slot ``stops[b]`` (``stop [R]``) and emits
+    ``next_token [R]`` after it."""
+    device = next_token.device
+    width = draft.max_depth + 1
+    rows_n = len(stops)
+    every = torch.arange(rows_n, device=device)
+    tokens = draft.tree.tokens.tolist()
+    slots = [[i if i <= s else -1 for i in range(width)] for s in stops]
+    emitted = [[int(tokens[b][i]) for i in range(1, s + 1)] + [-2] + [-1] * (width - s - 1)
+               for b, s in enumerate(stops)]
+    emitted_t = torch.tensor(emitted, dtype=torch.long, device=device)
+    emitted_t[every, stop] = next_token
+    return TreeVerifyOutput(torch.tensor(slots, dtype=torch.long, device=device), stop.clone(), next_token,
+                            emitted_t, stop.clone())
 
 
 def verify_naive_chain_on_host(draft: DraftBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -89,14 +142,13 @@ def verify_naive_chain_on_host(draft: DraftBatch, target_probs: torch.Tensor, dr
     ``target_probs`` and ``draft_probs`` ``[R, N, V]`` float32; ``uniforms [R, N, M]`` (M >= 1)."""
     tree = draft.tree
     rows_n, slots_n = tree.tokens.shape
-    width = draft.max_depth + 1
     child = tree.draws[:, :, 0]  # [R, N]: the drafted token below each slot, -1 at a leaf
     at_child = child.clamp(min=0).unsqueeze(2)
     second = min(1, int(uniforms.shape[2]) - 1)
     host = torch.cat([target_probs.gather(2, at_child).squeeze(2).double(),
                       draft_probs.gather(2, at_child).squeeze(2).double(),
-                      uniforms[:, :, 0].double(), uniforms[:, :, second].double(), child.double(),
-                      tree.tokens.double()], dim=1).tolist()
+                      uniforms[:, :, 0].double(), uniforms[:, :, second].double(), child.double()],
+                     dim=1).tolist()
     stops: list[int] = []
     rejected: list[bool] = []
     draw_uniforms: list[float] = []
@@ -117,13 +169,7 @@ def verify_naive_chain_on_host(draft: DraftBatch, target_probs: torch.Tensor, dr
     weights = _residual_weights(target_probs[every, stop], draft_probs[every, stop],
                                 torch.tensor(rejected, dtype=torch.bool, device=device))
     next_token = _inverse_cdf(weights, torch.tensor(draw_uniforms, dtype=torch.float32, device=device))
-    slots = [[i if i <= s else -1 for i in range(width)] for s in stops]
-    emitted = [[int(row[5 * slots_n + i]) for i in range(1, s + 1)] + [-2] + [-1] * (width - s - 1)
-               for row, s in zip(host, stops, strict=True)]
-    emitted_t = torch.tensor(emitted, dtype=torch.long, device=device)
-    emitted_t[every, stop] = next_token
-    return TreeVerifyOutput(torch.tensor(slots, dtype=torch.long, device=device), stop, next_token, emitted_t,
-                            stop.clone())
+    return _chain_output(draft, stops, stop, next_token)
 
 
 def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor, sampled: SampledVerifier,
@@ -164,7 +210,7 @@ def verify_rows(st: DecodeState, draft: DraftBatch, target_logits: torch.Tensor,
             return _root_only(token, draft.max_depth)
         sub_draft = draft if index is None else DraftBatch(
             sub, rows(draft_probs), rows(draft.confidences), rows(draft.entries), rows(draft.tokens_in),
-            draft.pending_width, draft.max_depth)
+            draft.pending_width, draft.max_depth, draft.chain)
         return sampled(sub_draft, logits, rows(draft_probs), samplings, own)
 
     if all(k == kinds[0] for k in kinds):
@@ -193,12 +239,10 @@ def draw_plain(logits: torch.Tensor, samplings: Sequence[SamplingParams], unifor
     and the draw over ``[R, V]`` tensors cost ~0.7 ms of a plain step on one thread, the sweep ~0.1 ms.
     The plain step and :func:`verify_rows`' plain rows both draw here, so they give the same token."""
     native_draw = _sampling.native_tempered_draw
-    vocab = int(logits.shape[-1])
-    if (native_draw is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and all(s.temperature > 0 and not 0 < s.top_k < vocab and s.top_p >= 1.0 for s in samplings)):
-        temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
-        drawn = native_draw(logits, temperature.clamp_min(torch.finfo(torch.float32).tiny),
-                            uniforms.to(torch.float32).contiguous())
+    if native_draw is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        temperature = _unfiltered_temperatures(samplings, int(logits.shape[-1]))
+        drawn = None if temperature is None else native_draw(logits, temperature,
+                                                              uniforms.to(torch.float32).contiguous())
         if drawn is not None:
             return drawn
     return _inverse_cdf(target_probs(logits, samplings), uniforms)

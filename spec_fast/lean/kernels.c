@@ -196,6 +196,37 @@ static inline float exp_nonpositive(float z) {
     return z > -87.0f ? y * scale : 0.0f;
 }
 
+/* The tempered softmax's weights of one row into w (exp((x - max) / T), as spec_fast_tempered_draw weighs
+ * them) and their float64 total; the row's first maximum in *first_max. */
+static double tempered_weights(const float *row, int64_t size, float t, float *w, int64_t *first_max) {
+    spec_fast_first_max(row, 1, size, size, first_max);
+    const float most = row[*first_max];
+    const float shift = (most - most == 0.0f) ? most : 0.0f;
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i < size; ++i) w[i] = exp_nonpositive((row[i] - shift) / t);
+    for (i = 0; i + 8 <= size; i += 8)
+        for (int k = 0; k < 8; ++k) lanes[k] += (double)w[i + k];
+    double total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i < size; ++i) total += (double)w[i];
+    return total;
+}
+
+/* The smallest index whose float64 running sum of w passes u * total, else the last of positive weight. */
+static int64_t running_draw(const float *w, int64_t size, double total, float u) {
+    const double threshold = (double)u * total;
+    double running = 0.0;
+    int64_t last_positive = 0;
+    for (int64_t i = 0; i < size; ++i) {
+        if (w[i] > 0.0f) {
+            last_positive = i;
+            running += (double)w[i];
+            if (running > threshold) return i;
+        }
+    }
+    return last_positive;
+}
+
 /* One draw per row from the tempered softmax of float32 logits [rows, size] (row r at x + r * ldx): weights
  * w_i = e^((x_i - max) / T_r) (a row whose maximum is not finite is shifted by 0), and the smallest index
  * whose running sum (float64, in index order) exceeds u_r times the total; where rounding leaves no such
@@ -206,37 +237,73 @@ static inline float exp_nonpositive(float z) {
 void spec_fast_tempered_draw(const float *x, int64_t rows, int64_t size, int64_t ldx, const float *temperature,
                              const float *u, float *scratch, int64_t *out) {
     for (int64_t r = 0; r < rows; ++r) {
-        const float *row = x + r * ldx;
         int64_t first_max = 0;
-        spec_fast_first_max(row, 1, size, size, &first_max); /* its vector sweep; a NaN counts as the maximum */
-        const float most = row[first_max];
-        const float shift = (most - most == 0.0f) ? most : 0.0f; /* finite: x - x is 0; inf, NaN: NaN */
-        const float t = temperature[r];
-        double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t i = 0;
-        for (; i < size; ++i) scratch[i] = exp_nonpositive((row[i] - shift) / t);
-        for (i = 0; i + 8 <= size; i += 8)
-            for (int k = 0; k < 8; ++k) lanes[k] += (double)scratch[i + k];
-        double total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-        for (; i < size; ++i) total += (double)scratch[i];
-        if (!(total > 0.0) || total - total != 0.0) { /* no positive weight, or an infinite or NaN total */
-            out[r] = first_max;
-            continue;
-        }
-        const double threshold = (double)u[r] * total;
-        double running = 0.0;
-        int64_t pick = -1, last_positive = 0;
-        for (i = 0; i < size; ++i) {
-            if (scratch[i] > 0.0f) last_positive = i;
-            running += (double)scratch[i];
-            if (running > threshold && scratch[i] > 0.0f) {
-                pick = i;
+        const double total = tempered_weights(x + r * ldx, size, temperature[r], scratch, &first_max);
+        /* no positive weight, or an infinite or NaN total: the first maximum */
+        out[r] = total > 0.0 && total - total == 0.0 ? running_draw(scratch, size, total, u[r]) : first_max;
+    }
+}
+
+/* p = w / total in float32 for rows of logits [rows, size] as spec_fast_naive_chain computes it (zeros where
+ * the row has no positive weight). */
+void spec_fast_tempered_probs(const float *x, int64_t rows, int64_t size, int64_t ldx, const float *temperature,
+                              float *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t first_max = 0;
+        float *p = out + r * size;
+        const double total = tempered_weights(x + r * ldx, size, temperature[r], p, &first_max);
+        const int usable = total > 0.0 && total - total == 0.0;
+        for (int64_t i = 0; i < size; ++i) p[i] = usable ? (float)((double)p[i] / total) : 0.0f;
+    }
+}
+
+/* Naive verification of one chain per row against the tempered softmax of the target's logits (the engine's
+ * sampled chains without top-k or top-p): logits [rows, slots, size] (row r, slot s at x + r * ldr + s * lds),
+ * child [rows, slots] (the drafted token below each slot, -1 at a leaf), the draft's law q [rows, slots, size]
+ * (q + r * qldr + s * qlds), uniforms u0, u1 [rows, slots]. Slot by slot, p = w / total (float32), the drafted
+ * token x is accepted where u0 * q(x) < p(x) in float64; the row stops at its first rejection, drawing from
+ * Res(p, q) = (p - q)+ with u1 (p itself where that has no mass), or at a leaf, drawing from p with u0: the
+ * decisions of verify_tree("naive") on these p, its draws up to the rounding of the running sums. Writes each
+ * row's stop slot and next token; `scratch` holds 2 * size floats. */
+void spec_fast_naive_chain(const float *x, int64_t rows, int64_t slots, int64_t size, int64_t ldr, int64_t lds,
+                           const float *temperature, const int64_t *child, const float *q, int64_t qldr,
+                           int64_t qlds, const float *u0, const float *u1, float *scratch, int64_t *stop,
+                           int64_t *token) {
+    float *w = scratch, *residual = scratch + size;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t s = 0; s < slots; ++s) {
+            int64_t first_max = 0;
+            const double total = tempered_weights(x + r * ldr + s * lds, size, temperature[r], w, &first_max);
+            const int64_t drafted = child[r * slots + s];
+            const int usable = total > 0.0 && total - total == 0.0;
+            const int leaf = drafted < 0 || drafted >= size || s + 1 >= slots;
+            if (!usable) { /* no positive weight (all -inf, or NaN): the first maximum */
+                stop[r] = s;
+                token[r] = first_max;
                 break;
             }
+            const float *q_row = q + r * qldr + s * qlds;
+            if (!leaf) {
+                const float p_x = (float)((double)w[drafted] / total);
+                if ((double)u0[r * slots + s] * (double)q_row[drafted] < (double)p_x) continue; /* accepted */
+                double mass = 0.0;
+                for (int64_t i = 0; i < size; ++i) {
+                    const float p = (float)((double)w[i] / total);
+                    const float d = p - q_row[i];
+                    residual[i] = d > 0.0f ? d : 0.0f;
+                    mass += (double)residual[i];
+                }
+                stop[r] = s;
+                token[r] = mass > 0.0 ? running_draw(residual, size, mass, u1[r * slots + s])
+                                      : running_draw(w, size, total, u1[r * slots + s]);
+                break;
+            }
+            stop[r] = s;
+            token[r] = running_draw(w, size, total, u0[r * slots + s]);
+            break;
         }
-        out[r] = pick >= 0 ? pick : last_positive;
     }
 }
 
 /* The version of this file's interface; native.py refuses a library that reports another. */
-int64_t spec_fast_kernels_version(void) { return 13; }
+int64_t spec_fast_kernels_version(void) { return 14; }

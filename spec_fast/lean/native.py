@@ -44,7 +44,7 @@ __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAY
            "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer", "run_layers", "select_outputs",
            "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 13
+_VERSION = 14
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -197,7 +197,11 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         lib.spec_fast_first_max.argtypes = [ptr, i64, i64, i64, ptr]
         lib.spec_fast_first_max.restype = None
         lib.spec_fast_tempered_draw.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
-        lib.spec_fast_tempered_draw.restype = None
+        lib.spec_fast_tempered_probs.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+        lib.spec_fast_naive_chain.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr,
+                                              ptr, ptr]
+        lib.spec_fast_tempered_draw.restype = lib.spec_fast_tempered_probs.restype = None
+        lib.spec_fast_naive_chain.restype = None
         lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
         lib.spec_fast_move_entries.restype = i64
         lib.spec_fast_round_half.argtypes = [ptr, i64, ptr]

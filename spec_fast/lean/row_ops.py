@@ -11,7 +11,7 @@ import torch
 from spec_fast import _sampling
 from spec_fast.lean import native
 
-__all__ = ["first_max_index", "rms_norm", "round_half", "tempered_draw"]
+__all__ = ["first_max_index", "rms_norm", "round_half", "tempered_draw", "tempered_probs", "naive_chain"]
 
 
 def first_max_index(values: torch.Tensor) -> torch.Tensor:
@@ -100,4 +100,68 @@ def tempered_draw(logits: torch.Tensor, temperature: torch.Tensor, uniforms: tor
     return out
 
 
+def _rows(name: str, values: torch.Tensor, dims: int) -> tuple[int, ...]:
+    """The shape of float32 ``values`` with ``dims`` dimensions whose last has unit stride (``V >= 1``)."""
+    native._check(name, values, torch.float32, dims)
+    if values.shape[-1] < 1 or (values.shape[-1] > 1 and values.stride(-1) != 1):
+        raise ValueError(f"{name} must have V >= 1 values of unit stride in its last dimension, got "
+                         f"{name}.shape={tuple(values.shape)}, {name}.stride()={values.stride()}")
+    return tuple(int(n) for n in values.shape)
+
+
+def tempered_probs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``logits [R, V]`` float32 on the CPU, ``temperature [R]`` float32 -> ``[R, V]``: the tempered softmax as
+    :func:`naive_chain` computes p (the weights of :func:`tempered_draw` over their float64 total, rounded to
+    float32; zeros for a row without positive weight)."""
+    lib = native._library()
+    assert lib is not None
+    rows, size = _rows("logits", logits, 2)
+    native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
+    out = torch.empty(rows, size, dtype=torch.float32)
+    if rows > 0:
+        lib.spec_fast_tempered_probs(logits.data_ptr(), rows, size, int(logits.stride(0)), temperature.data_ptr(),
+                                     out.data_ptr())
+    return out
+
+
+def naive_chain(logits: torch.Tensor, temperature: torch.Tensor, child: torch.Tensor, draft_probs: torch.Tensor,
+                u0: torch.Tensor, u1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Naive verification of one chain per row against the tempered softmax of ``logits [R, N, V]`` (CPU
+    float32, p as :func:`tempered_probs` gives it): ``temperature [R]``, ``child [R, N]`` int64 (the drafted
+    token below each slot, -1 at a leaf), ``draft_probs [R, N, V]`` float32, ``u0``/``u1 [R, N]`` float32
+    (``spec_fast_naive_chain`` in ``kernels.c``) -> each row's stop slot and next token, ``[R]`` int64 each:
+    the accept tests of ``verify_tree("naive")`` on those p, its draws up to the rounding of running sums."""
+    lib = native._library()
+    assert lib is not None
+    rows, slots, size = _rows("logits", logits, 3)
+    _rows("draft_probs", draft_probs, 3)
+    if tuple(draft_probs.shape) != (rows, slots, size):
+        raise ValueError(f"draft_probs must have shape [{rows}, {slots}, {size}], got "
+                         f"draft_probs.shape={tuple(draft_probs.shape)}")
+    native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
+    native._check("child", child, torch.int64, 2, contiguous=True, shape=(rows, slots))
+    for name, uniforms in (("u0", u0), ("u1", u1)):
+        native._check(name, uniforms, torch.float32, 2, contiguous=True, shape=(rows, slots))
+    stop = torch.zeros(rows, dtype=torch.int64)
+    token = torch.zeros(rows, dtype=torch.int64)
+    if rows > 0 and slots > 0:
+        scratch = torch.empty(2 * size, dtype=torch.float32)
+        lib.spec_fast_naive_chain(logits.data_ptr(), rows, slots, size, int(logits.stride(0)), int(logits.stride(1)),
+                                  temperature.data_ptr(), child.data_ptr(), draft_probs.data_ptr(),
+                                  int(draft_probs.stride(0)), int(draft_probs.stride(1)), u0.data_ptr(),
+                                  u1.data_ptr(), scratch.data_ptr(), stop.data_ptr(), token.data_ptr())
+    return stop, token
+
+
+def _naive_chain_where_loaded(logits: torch.Tensor, temperature: torch.Tensor, child: torch.Tensor,
+                              draft_probs: torch.Tensor, u0: torch.Tensor, u1: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`naive_chain` where the library is loaded already and the tensors suit it, else None."""
+    if (native._STATE.get("lib") is None or logits.dim() != 3 or draft_probs.dim() != 3
+            or any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (logits, draft_probs))):
+        return None
+    return naive_chain(logits, temperature, child, draft_probs, u0, u1)
+
+
 _sampling.native_tempered_draw = _tempered_draw_where_loaded
+_sampling.native_naive_chain = _naive_chain_where_loaded

@@ -141,3 +141,104 @@ def test_the_sweep_refuses_what_it_cannot_read() -> None:
         row_ops.tempered_draw(good[0], torch.ones(3), good[2])
     with pytest.raises(ValueError, match="^uniforms must be torch.float32"):
         row_ops.tempered_draw(good[0], good[1], good[2].double())
+
+
+# ------------------------------------------------------------------ naive verification of sampled chains
+def test_tempered_probs_are_the_tempered_softmax() -> None:
+    generator = torch.Generator().manual_seed(6)
+    logits = 3 * torch.randn(3, 700, generator=generator)
+    logits[1, 10] = float("-inf")
+    temperature = torch.tensor([0.5, 0.9, 2.0])
+    probs = row_ops.tempered_probs(logits, temperature)
+    expected = torch.softmax((logits.double() - logits.max(dim=1, keepdim=True).values.double())
+                             / temperature.double().unsqueeze(1), dim=1)
+    torch.testing.assert_close(probs.double(), expected, rtol=2e-6, atol=1e-9)
+    assert float(probs[1, 10]) == 0.0
+    assert row_ops.tempered_probs(torch.full((1, 4), float("-inf")), torch.ones(1)).tolist() == [[0.0] * 4]
+
+
+def test_the_native_chain_verification_is_verify_tree_naive_on_its_p() -> None:
+    """Stops and next tokens of ``naive_chain`` against ``verify_tree("naive")`` handed the p it computes
+    (:func:`row_ops.tempered_probs`), on chains cut to random depths, drafts from q or from p."""
+    from spec_fast.verify import verify_tree
+    from tests.engine.test_sampled_chain_host import random_chain
+
+    generator = torch.Generator().manual_seed(7)
+    depths = set()
+    for trial in range(150):
+        vocab = (5, 48, 9000)[trial % 3]
+        batch, depth = int(torch.randint(1, 4, (1,), generator=generator)), int(torch.randint(1, 4, (1,),
+                                                                                               generator=generator))
+        draft, _ = random_chain(generator, batch, depth, vocab, trial % 2 == 0)
+        assert draft.draft_probs is not None
+        logits = 3 * torch.randn(batch, depth + 1, vocab, generator=generator)
+        temperature = 0.3 + torch.rand(batch, generator=generator)
+        probs = torch.stack([row_ops.tempered_probs(logits[:, s].contiguous(), temperature)
+                             for s in range(depth + 1)], dim=1)
+        if trial % 2 == 0:  # drafted tokens likely under p: most levels accepted
+            drafted = torch.multinomial(probs[:, :depth].reshape(-1, vocab), 1, generator=generator).view(batch, depth)
+            valid_draws = draft.tree.draws[:, :, 0] >= 0
+            child = torch.where(valid_draws[:, :depth], drafted, draft.tree.draws[:, :depth, 0])
+            draft.tree.draws[:, :depth, 0] = child
+            draft.tree.tokens[:, 1:] = torch.where(draft.tree.valid[:, 1:], child, draft.tree.tokens[:, 1:])
+        uniforms = torch.randint(0, 1 << 24, (batch, depth + 1, 2), generator=generator).float() / (1 << 24)
+        stop, token = row_ops.naive_chain(logits, temperature, draft.tree.draws[:, :, 0].contiguous(),
+                                          draft.draft_probs.contiguous(), uniforms[:, :, 0].contiguous(),
+                                          uniforms[:, :, 1].contiguous())
+        general = verify_tree("naive", draft.tree, probs, draft.draft_probs, uniforms, max_depth=draft.max_depth,
+                              validate=False)
+        assert torch.equal(stop, general.accepted_depth) and torch.equal(token, general.next_token)
+        depths.update(stop.tolist())
+    assert depths == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.4])
+def test_the_native_chain_emits_tokens_with_the_targets_law(temperature: float) -> None:
+    """Losslessness of one level: the draft token x drawn from q, u0 and u1 over a 128 x 128 grid, the first
+    emitted token (x where accepted, else the residual's draw) has law p (the target's tempered softmax), to
+    within the grids' resolution; a q far from p and one close to it."""
+    generator = torch.Generator().manual_seed(int(10 * temperature))
+    vocab, grid = 6, 128
+    logits = 2 * torch.randn(1, 2, vocab, generator=generator)
+    p = row_ops.tempered_probs(logits[:, 0].contiguous(), torch.tensor([temperature]))[0].double()
+    for q in (torch.softmax(torch.randn(vocab, generator=generator), dim=0), 0.8 * p.float() + 0.2 / vocab):
+        law = torch.zeros(vocab, dtype=torch.float64)
+        steps = (torch.arange(grid, dtype=torch.float32) + 0.5) / grid
+        u0 = steps.repeat_interleave(grid).unsqueeze(1).expand(-1, 2).contiguous()
+        u1 = steps.repeat(grid).unsqueeze(1).expand(-1, 2).contiguous()
+        rows = grid * grid
+        for x in range(vocab):
+            child = torch.tensor([[x, -1]]).expand(rows, 2).contiguous()
+            draft_probs = torch.stack([q.float(), torch.zeros(vocab)]).unsqueeze(0).expand(rows, 2, vocab).contiguous()
+            stop, token = row_ops.naive_chain(logits.expand(rows, 2, vocab).contiguous(),
+                                              torch.full((rows,), temperature), child, draft_probs, u0, u1)
+            first = torch.where(stop > 0, torch.full_like(token, x), token)
+            law += float(q[x]) * torch.bincount(first, minlength=vocab).double() / rows
+        assert float((law - p).abs().max()) <= 3.0 / grid
+
+
+def test_verify_sampled_takes_the_native_chain_for_unfiltered_cpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec_fast.engine import step_verify
+    from tests.engine.test_sampled_chain_host import random_chain
+
+    calls: list[int] = []
+    native_chain = _sampling.native_naive_chain
+    assert native_chain is not None
+    monkeypatch.setattr(_sampling, "native_naive_chain", lambda *args: calls.append(1) or native_chain(*args))
+    generator = torch.Generator().manual_seed(8)
+    draft, _ = random_chain(generator, 2, 3, 300, False)
+    assert draft.draft_probs is not None
+    logits = 3 * torch.randn(2, 4, 300, generator=generator)
+    streams = step_verify.VerifyStreams(torch.tensor([3, 4]), torch.tensor([0, 0]))
+    unfiltered = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.1)]
+    out, _ = step_verify.verify_sampled("naive", 1, draft, logits, draft.draft_probs, unfiltered, streams)
+    assert len(calls) == 1
+    uniforms = streams.uniforms((2, 4, 2))
+    stop, token = row_ops.naive_chain(logits, torch.tensor([0.7, 1.1]), draft.tree.draws[:, :, 0].contiguous(),
+                                      draft.draft_probs, uniforms[:, :, 0].contiguous(), uniforms[:, :, 1].contiguous())
+    assert torch.equal(out.accepted_depth, stop) and torch.equal(out.next_token, token)
+    top_k = [SamplingParams(temperature=0.7, top_k=50)] * 2  # filtered: torch's G, verified on the host
+    out, _ = step_verify.verify_sampled("naive", 1, draft, logits, draft.draft_probs, top_k, streams)
+    host = step_verify.verify_naive_chain_on_host(draft, step_verify.target_probs(logits, top_k), draft.draft_probs,
+                                                  uniforms)
+    assert len(calls) == 1 and torch.equal(out.next_token, host.next_token)
