@@ -132,7 +132,17 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
         entries.append(base)
         if not _next_level_drafted(drafter, state, entries, level):
             break
-    depth = len(levels)
+    draft = _host_chain(levels, roots, entries, width, None, torch.ones(batch, len(levels) + 1, device=device),
+                        device)
+    return _cut_to_chain_depths(drafter, state, entries[:len(levels)], draft)
+
+
+def _host_chain(levels: list[list[int]], roots: Sequence[int], entries: list[int], width: int,
+                draft_probs: torch.Tensor | None, confidences: torch.Tensor, device: torch.device) -> DraftBatch:
+    """The chain drafted level by level on the host (``levels[d][b]``: row b's token at depth d + 1) as a
+    :class:`DraftBatch`, its tensors built once: slot d at depth d, its parent d - 1, ``entries`` the block
+    entries of the root and of each forwarded level."""
+    batch, depth = len(roots), len(levels)
     drafted = [[levels[d][b] for d in range(depth)] for b in range(batch)]
     steps = list(range(depth + 1))
     long = torch.long
@@ -144,11 +154,9 @@ def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, p
         valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
     )
     entry_row = entries + [-1] * (depth + 1 - len(entries))
-    draft = DraftBatch(tree, None, torch.ones(batch, depth + 1, device=device),
-                       torch.tensor([entry_row] * batch, dtype=long, device=device),
-                       torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
-                                    device=device), width, depth, chain=True)
-    return _cut_to_chain_depths(drafter, state, entries[:depth], draft)
+    return DraftBatch(tree, draft_probs, confidences, torch.tensor([entry_row] * batch, dtype=long, device=device),
+                      torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
+                                   device=device), width, depth, chain=True)
 
 
 def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, pending: Sequence[Sequence[int]],
@@ -193,25 +201,11 @@ def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, 
         entries.append(base)
         if not _next_level_drafted(drafter, state, entries, level):
             break
-    depth = len(levels)
-    drafted = [[levels[d][b] for d in range(depth)] for b in range(batch)]
-    steps = list(range(depth + 1))
-    long = torch.long
-    tree = FlatTree(
-        tokens=torch.tensor([[-1] + row for row in drafted], dtype=long, device=device),
-        parents=torch.tensor([[s - 1 for s in steps]] * batch, dtype=long, device=device),
-        depths=torch.tensor([steps] * batch, dtype=long, device=device),
-        draws=torch.tensor([[[t] for t in row] + [[-1]] for row in drafted], dtype=long, device=device),
-        valid=torch.ones(batch, depth + 1, dtype=torch.bool, device=device), process="iid",
-    )
     draft_probs = torch.stack(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, D + 1, V]
     confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(torch.stack(taken, dim=1), dim=1)],
                             dim=1)
-    entry_row = entries + [-1] * (depth + 1 - len(entries))
-    draft = DraftBatch(tree, draft_probs, confidences, torch.tensor([entry_row] * batch, dtype=long, device=device),
-                       torch.tensor([[int(r)] + row for r, row in zip(roots, drafted, strict=True)], dtype=long,
-                                    device=device), width, depth, chain=True)
-    return _cut_to_chain_depths(drafter, state, entries[:depth], draft)
+    draft = _host_chain(levels, roots, entries, width, draft_probs, confidences, device)
+    return _cut_to_chain_depths(drafter, state, entries[:len(levels)], draft)
 
 
 def _cut_to_chain_depths(drafter: Drafter, state: Any, entries: list[int], draft: DraftBatch) -> DraftBatch:
