@@ -1,7 +1,9 @@
 """Row operations of the native library (``kernels.c``, ``layer.c``) outside the decoder layers: the model's
-final norm, the argmax over rows of logits, the float16 rounding of cache entries. Each checks its arguments
-at the boundary (:func:`spec_fast.lean.native._check`) and needs the library loaded (:func:`native.available`).
-Importing this module plugs :func:`first_max_index` into :func:`spec_fast._sampling.first_max_index`.
+final norm, the argmax over rows of logits, the float16 rounding of cache entries, and sampling from the
+tempered softmax of logits (a plain step's draw, the naive verification of sampled chains). Each checks its
+arguments at the boundary (:func:`spec_fast.lean.native._check`) and needs the library loaded
+(:func:`native.available`). Importing this module plugs :func:`first_max_index`, :func:`tempered_draw` and
+:func:`naive_chain` into :mod:`spec_fast._sampling`'s hooks (used only where the library is loaded already).
 """
 
 from __future__ import annotations
