@@ -87,11 +87,7 @@ def tempered_draw(logits: torch.Tensor, temperature: torch.Tensor, uniforms: tor
     the row's total, never one of zero weight; a row without positive weight gives its first maximum)."""
     lib = native._library()
     assert lib is not None
-    native._check("logits", logits, torch.float32, 2)
-    rows, size = int(logits.shape[0]), int(logits.shape[1])
-    if size < 1 or (size > 1 and logits.stride(1) != 1):
-        raise ValueError(f"logits must be [R, V] with V >= 1 and rows of unit stride, got "
-                         f"logits.shape={tuple(logits.shape)}, logits.stride()={logits.stride()}")
+    rows, size = _rows("logits", logits, 2)
     native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
     native._check("uniforms", uniforms, torch.float32, 1, contiguous=True, shape=(rows,))
     out = torch.empty(rows, dtype=torch.int64)

@@ -95,6 +95,14 @@ def test_decoding_with_host_verified_chains_equals_the_general_path(monkeypatch:
     assert results[1]["tokens"] == plain.tokens
 
 
+def drafter_state(state: Any) -> tuple[Any, ...]:
+    """What a decoding state's retrieval drafter keeps after drafting: its block, match lengths, chain matches,
+    passes, and the pending width."""
+    retrieval = state.heads[0].state
+    return (retrieval.block_tokens, retrieval.block_parents, retrieval.match_lengths, retrieval.chain_matches,
+            retrieval.passes, state.heads[0].pending_width)
+
+
 class TensorRows:
     """A retrieval drafter seen without its host-side entry points (``greedy_next_rows``, ``commit_rows``):
     the builders and the commit then take their tensor paths."""
@@ -122,9 +130,7 @@ def test_a_retrieval_chain_drafted_on_the_host_is_the_tensor_paths_draft() -> No
             state.heads[0].pending[1] = [5, 7] + state.heads[0].pending[1]  # a longer pending chain
             state.depth_caps = [5, 3, 5]
             drafts.append(decoder.proposer.draft(state, 5, argmax_law, decoder.device)[0])
-            retrieval = state.heads[0].state
-            states.append((retrieval.block_tokens, retrieval.block_parents, retrieval.match_lengths,
-                           retrieval.chain_matches, retrieval.passes, state.heads[0].pending_width))
+            states.append(drafter_state(state))
         host, tensors = drafts
         assert states[0] == states[1]
         for name in ("tokens", "parents", "depths", "draws", "valid"):

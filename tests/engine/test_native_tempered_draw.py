@@ -135,7 +135,7 @@ def test_the_sweep_refuses_what_it_cannot_read() -> None:
     good = (torch.zeros(2, 4), torch.ones(2), torch.zeros(2))
     with pytest.raises(ValueError, match="^logits must be torch.float32"):
         row_ops.tempered_draw(good[0].double(), good[1], good[2])
-    with pytest.raises(ValueError, match=r"^logits must be \[R, V\] with V >= 1 and rows of unit stride"):
+    with pytest.raises(ValueError, match="^logits must have V >= 1 values of unit stride in its last dimension"):
         row_ops.tempered_draw(torch.zeros(4, 2).t(), good[1], good[2])
     with pytest.raises(ValueError, match=r"^temperature must have shape \[2\]"):
         row_ops.tempered_draw(good[0], torch.ones(3), good[2])

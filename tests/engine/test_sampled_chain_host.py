@@ -29,7 +29,7 @@ from spec_fast.engine.step_verify import verify_naive_chain_on_host
 from spec_fast.flat_tree import FlatTree
 from spec_fast.strategies import parse_strategy
 from spec_fast.verify import verify_tree
-from tests.engine.test_chain_verify_host import PROMPTS, summary
+from tests.engine.test_chain_verify_host import PROMPTS, drafter_state, summary
 from tests.engine.test_plain_step import BLOCK_HEAD_TARGET, LEAN_TARGET, VOCAB
 
 OUTPUT_FIELDS = ("accepted_slots", "accepted_depth", "next_token", "emitted", "accepted_node")
@@ -131,9 +131,7 @@ def test_a_sampled_retrieval_chain_drafted_over_its_ids_is_the_dense_paths_draft
                 state.heads[0].pending[1] = [5, 7] + state.heads[0].pending[1]
                 state.depth_caps = [4, 3, 4]
                 drafts.append(decoder.proposer.draft(state, 4, decoder._draft_law(samplings), decoder.device)[0])
-                retrieval = state.heads[0].state
-                states.append((retrieval.block_tokens, retrieval.block_parents, retrieval.match_lengths,
-                               retrieval.chain_matches, retrieval.passes, state.heads[0].pending_width))
+                states.append(drafter_state(state))
             host, dense = drafts
             assert states[0] == states[1]
             for name in ("tokens", "parents", "depths", "draws", "valid"):
