@@ -181,31 +181,22 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         if lib.spec_fast_kernels_version() != _VERSION:
             return None, f"{path} is version {lib.spec_fast_kernels_version()}, not {_VERSION}"
         i64, ptr, float64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
-        lib.spec_fast_mm_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
-        lib.spec_fast_mm_f32.restype = None
-        lib.spec_fast_mm_blocks.argtypes = [i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64]
-        lib.spec_fast_mm_blocks.restype = i64
-        lib.spec_fast_block_products.argtypes = [i64]
-        lib.spec_fast_block_products.restype = i64
-        lib.spec_fast_pack_f32.argtypes = [ptr, i64, i64, i64, ptr]
-        lib.spec_fast_pack_f32.restype = None
         layers: list[Any] = [i64, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, float64, ptr]
-        lib.spec_fast_layers.argtypes, lib.spec_fast_layers_head.argtypes = layers, [*layers, i64, ptr, i64, ptr, ptr]
-        lib.spec_fast_layers.restype = lib.spec_fast_layers_head.restype = i64
-        lib.spec_fast_rms_norm.argtypes = [ptr, i64, i64, ptr, ctypes.c_double, ptr]
-        lib.spec_fast_rms_norm.restype = None
-        lib.spec_fast_first_max.argtypes = [ptr, i64, i64, i64, ptr]
-        lib.spec_fast_first_max.restype = None
-        lib.spec_fast_tempered_draw.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
-        lib.spec_fast_tempered_probs.argtypes = [ptr, i64, i64, i64, ptr, ptr]
-        lib.spec_fast_naive_chain.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr,
-                                              ptr, ptr]
-        lib.spec_fast_tempered_draw.restype = lib.spec_fast_tempered_probs.restype = None
-        lib.spec_fast_naive_chain.restype = None
-        lib.spec_fast_move_entries.argtypes = [i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
-        lib.spec_fast_move_entries.restype = i64
-        lib.spec_fast_round_half.argtypes = [ptr, i64, ptr]
-        lib.spec_fast_round_half.restype = None
+        signatures: dict[str, tuple[list[Any], Any]] = {  # name: (argument types, result type)
+            "mm_f32": ([ptr, i64, i64, i64, ptr, i64, ptr, i64, i64], None),
+            "mm_blocks": ([i64, ptr, i64, i64, i64, ptr, i64, ptr, i64, i64], i64),
+            "block_products": ([i64], i64), "pack_f32": ([ptr, i64, i64, i64, ptr], None),
+            "layers": (layers, i64), "layers_head": ([*layers, i64, ptr, i64, ptr, ptr], i64),
+            "rms_norm": ([ptr, i64, i64, ptr, float64, ptr], None), "first_max": ([ptr, i64, i64, i64, ptr], None),
+            "tempered_draw": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr], None),
+            "tempered_probs": ([ptr, i64, i64, i64, ptr, ptr], None),
+            "naive_chain": ([ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr], None),
+            "move_entries": ([i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64], i64),
+            "round_half": ([ptr, i64, ptr], None),
+        }
+        for name, (arguments, result) in signatures.items():
+            function = getattr(lib, "spec_fast_" + name)
+            function.argtypes, function.restype = arguments, result
     except (OSError, AttributeError) as err:
         return None, f"{path} did not load: {err}"
     return lib, ""
