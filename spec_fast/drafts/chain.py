@@ -112,27 +112,40 @@ def _pending_block(pending: Sequence[Sequence[int]]) -> tuple[int, list[list[int
     return width, feed, feed_parents
 
 
+def _host_levels(drafter: Drafter, next_rows: Any, pick: Any, state: Any, pending: Sequence[Sequence[int]],
+                 depth: int) -> tuple[int, list[list[int]], list[int]]:
+    """The levels of a chain drafted on the host by a drafter whose ``next_rows(state, tokens, parents)`` takes
+    host-side rows (the pending block first, then each level's tokens behind the last entry), as
+    :func:`pending_forward` and :meth:`~Drafter.forward` would take their tensors, with ``chain_depths`` asked
+    after each forwarded level: ``pick(found, level)`` turns what ``next_rows`` gave into the level's tokens.
+    Returns the block's width, ``levels[d][b]`` and the block entries of the root and of each forwarded level."""
+    batch = len(pending)
+    width, feed, feed_parents = _pending_block(pending)
+    found = next_rows(state, feed, feed_parents)
+    levels: list[list[int]] = []
+    entries = [width - 1]
+    for level in range(depth):
+        level_tokens: list[int] = pick(found, level)
+        levels.append(level_tokens)
+        if level + 1 >= depth:
+            break
+        base = drafter.num_block(state)
+        found = next_rows(state, [[t] for t in level_tokens], [[entries[-1]]] * batch)
+        entries.append(base)
+        if not _next_level_drafted(drafter, state, entries, level):
+            break
+    return width, levels, entries
+
+
 def _greedy_chain_on_host(drafter: Drafter, greedy_next_rows: Any, state: Any, pending: Sequence[Sequence[int]],
                           roots: Sequence[int], depth: int, device: torch.device) -> DraftBatch:
     """:func:`draft_chain` of a greedy chain for a drafter whose ``greedy_next_rows`` takes and gives host-side
     rows (retrieval): the same drafter calls in the same order (the pending block, then one level at a time,
     ``chain_depths`` after each) and the same draft, its tensors built once at the end instead of a few small
     tensor operations per level around a drafter that reads them back anyway."""
-    batch = len(pending)
-    width, feed, feed_parents = _pending_block(pending)
-    level_tokens = greedy_next_rows(state, feed, feed_parents)  # [B]
-    levels: list[list[int]] = []
-    entries = [width - 1]
-    for level in range(depth):
-        levels.append(level_tokens)
-        if level + 1 >= depth:
-            break
-        base = drafter.num_block(state)
-        level_tokens = greedy_next_rows(state, [[t] for t in level_tokens], [[entries[-1]]] * batch)
-        entries.append(base)
-        if not _next_level_drafted(drafter, state, entries, level):
-            break
-    draft = _host_chain(levels, roots, entries, width, None, torch.ones(batch, len(levels) + 1, device=device),
+    width, levels, entries = _host_levels(drafter, greedy_next_rows, lambda tokens, level: tokens, state, pending,
+                                          depth)
+    draft = _host_chain(levels, roots, entries, width, None, torch.ones(len(roots), len(levels) + 1, device=device),
                         device)
     return _cut_to_chain_depths(drafter, state, entries[:len(levels)], draft)
 
@@ -171,13 +184,10 @@ def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, 
     cost more than the rest of the step's drafting."""
     batch = len(pending)
     vocab = int(getattr(drafter, "vocab_size"))
-    width, feed, feed_parents = _pending_block(pending)
-    laws = sparse_next_rows(state, feed, feed_parents)
-    levels: list[list[int]] = []
     qs: list[torch.Tensor] = []  # [B, V] per level
     taken: list[torch.Tensor] = []  # [B] q(x) per level
-    entries = [width - 1]
-    for level in range(depth):
+
+    def draw(laws: list[tuple[np.ndarray, np.ndarray]], level: int) -> list[int]:
         ids = [np.asarray(i, dtype=np.int64) if len(i) else np.zeros(1, dtype=np.int64) for i, _ in laws]
         logs = [np.log(w).astype(np.float32) if len(w) else np.zeros(1, dtype=np.float32) for _, w in laws]
         columns = max(len(i) for i in ids)
@@ -186,21 +196,15 @@ def _sampled_chain_on_host(drafter: Drafter, sparse_next_rows: Any, state: Any, 
         for b in range(batch):
             compact[b, 0, :len(logs[b])] = torch.from_numpy(logs[b])
             at[b, :len(ids[b])] = torch.from_numpy(ids[b])
+        at = at.to(device)
         q = draft_law(compact.to(device))[:, 0]  # [B, columns]
         pick = categorical(q, streams.uniforms(level, 1))  # [B, 1]
-        token = at.to(device).gather(1, pick)
         dense = torch.zeros(batch, vocab + 1, dtype=torch.float32, device=device)
-        qs.append(dense.scatter_(1, at.to(device), q)[:, :vocab])
+        qs.append(dense.scatter_(1, at, q)[:, :vocab])
         taken.append(q.gather(1, pick).squeeze(1))
-        level_tokens = [int(t) for t in token.squeeze(1).tolist()]
-        levels.append(level_tokens)
-        if level + 1 >= depth:
-            break
-        base = drafter.num_block(state)
-        laws = sparse_next_rows(state, [[t] for t in level_tokens], [[entries[-1]]] * batch)
-        entries.append(base)
-        if not _next_level_drafted(drafter, state, entries, level):
-            break
+        return [int(t) for t in at.gather(1, pick).squeeze(1).tolist()]
+
+    width, levels, entries = _host_levels(drafter, sparse_next_rows, draw, state, pending, depth)
     draft_probs = torch.stack(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, D + 1, V]
     confidences = torch.cat([torch.ones(batch, 1, device=device), torch.cumprod(torch.stack(taken, dim=1), dim=1)],
                             dim=1)

@@ -68,22 +68,23 @@ def verify_sampled(method: str, draws: int, draft: DraftBatch, target_logits: to
     tree = draft.tree
     per_node = max(1, uniforms_per_node(method, max(tree.max_draws, draws)))
     uniforms = streams.uniforms((tree.batch_size, tree.num_slots, per_node))
-    native = _native_naive_chain(draft, target_logits, draft_probs, samplings, uniforms) \
-        if method == "naive" and draft.chain else None
-    if native is not None:
-        out = native
-    elif method == "naive" and draft.chain:
-        out = verify_naive_chain_on_host(draft, target_probs(target_logits, samplings), draft_probs, uniforms)
+    if method == "naive" and draft.chain:
+        native = _native_naive_chain(draft, target_logits, draft_probs, samplings, uniforms)
+        out = native if native is not None else verify_naive_chain_on_host(
+            draft, target_probs(target_logits, samplings), draft_probs, uniforms)
     else:
         out = verify_tree(method, tree, target_probs(target_logits, samplings), draft_probs, uniforms,
                           max_depth=draft.max_depth, validate=False)
     return out, streams + tree.num_slots * per_node
 
 
-def _unfiltered_temperatures(samplings: Sequence[SamplingParams], vocab: int) -> torch.Tensor | None:
-    """``[R]`` float32 temperatures (clamped as G clamps them) where every row samples from its tempered
-    softmax without top-k below ``vocab`` or top-p, else None."""
-    if not all(s.temperature > 0 and not 0 < s.top_k < vocab and s.top_p >= 1.0 for s in samplings):
+def _native_temperatures(samplings: Sequence[SamplingParams], logits: torch.Tensor) -> torch.Tensor | None:
+    """``[R]`` float32 temperatures (clamped as G clamps them) where the native sweeps can sample: CPU float32
+    ``logits [R, ..., V]`` and every row sampling from its tempered softmax without top-k below V or top-p;
+    else None."""
+    vocab = int(logits.shape[-1])
+    if (logits.device.type != "cpu" or logits.dtype != torch.float32
+            or not all(s.temperature > 0 and not 0 < s.top_k < vocab and s.top_p >= 1.0 for s in samplings)):
         return None
     temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
     return temperature.clamp_min(torch.finfo(torch.float32).tiny)
@@ -96,10 +97,8 @@ def _native_naive_chain(draft: DraftBatch, target_logits: torch.Tensor, draft_pr
     the rounding of running sums) for unfiltered sampled CPU float32 rows where it is loaded; None otherwise.
     G, the gathers and the draw over ``[R, N, V]`` tensors took ~1.2 ms of a chain:1 step on one thread."""
     native_chain = _sampling.native_naive_chain
-    if native_chain is None or target_logits.device.type != "cpu" or target_logits.dtype != torch.float32:
-        return None
-    temperature = _unfiltered_temperatures(samplings, int(target_logits.shape[-1]))
-    if temperature is None:
+    temperature = _native_temperatures(samplings, target_logits)
+    if native_chain is None or temperature is None:
         return None
     tree = draft.tree
     second = min(1, int(uniforms.shape[2]) - 1)
@@ -239,10 +238,9 @@ def draw_plain(logits: torch.Tensor, samplings: Sequence[SamplingParams], unifor
     and the draw over ``[R, V]`` tensors cost ~0.7 ms of a plain step on one thread, the sweep ~0.1 ms.
     The plain step and :func:`verify_rows`' plain rows both draw here, so they give the same token."""
     native_draw = _sampling.native_tempered_draw
-    if native_draw is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
-        temperature = _unfiltered_temperatures(samplings, int(logits.shape[-1]))
-        drawn = None if temperature is None else native_draw(logits, temperature,
-                                                              uniforms.to(torch.float32).contiguous())
+    temperature = _native_temperatures(samplings, logits)
+    if native_draw is not None and temperature is not None:
+        drawn = native_draw(logits, temperature, uniforms.to(torch.float32).contiguous())
         if drawn is not None:
             return drawn
     return _inverse_cdf(target_probs(logits, samplings), uniforms)
