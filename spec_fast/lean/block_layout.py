@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "QUADS", "group_bytes", "pack_blocks", "select_outputs", "unpack_blocks"]
+__all__ = ["BLOCK", "BLOCK_KINDS", "GROUP", "QUADS", "group_bytes", "pack_blocks", "quantize_q8_0", "select_outputs",
+           "unpack_blocks"]
 
 #: output columns per packed block (``BLOCK`` in kernels.c)
 BLOCK = 64
@@ -69,6 +70,23 @@ def pack_blocks(kind: str, values: torch.Tensor, scales: torch.Tensor, offsets: 
         biased = (grid.to(torch.int16) + 128).to(torch.uint8).permute(0, 2, 3, 1, 4)
         parts = [biased.reshape(blocks, groups, GROUP * BLOCK), scale_bytes]
     return torch.cat([p.reshape(blocks, groups, -1) for p in parts], dim=2).contiguous()
+
+
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """A float ``weight [N, K]`` (K a multiple of 32) quantised to Q8_0 in the layout of :func:`pack_blocks`, by
+    GGUF's scheme: per output and group of 32 inputs, the scale ``d = max|w| / 127`` (stored as float16) and
+    ``q = round(w / d)``, so each weight is off by at most half a step of its group (plus the scale's rounding)."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a floating-point [N, K] tensor, got "
+                         f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
+    out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
+    if in_features % GROUP:
+        raise ValueError(f"block-quantised weights need K divisible by {GROUP}, got K={in_features}")
+    groups = weight.detach().float().cpu().reshape(out_features, in_features // GROUP, GROUP)
+    scale = groups.abs().amax(dim=-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    values = torch.round(groups / safe).clamp(-127, 127).to(torch.int8).reshape(out_features, in_features)
+    return pack_blocks("q8_0", values, scale.half().float(), None)
 
 
 def select_outputs(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
