@@ -95,7 +95,8 @@ class TreeKVCache:
                 then built directly instead of by the closure of :func:`extend_ancestors` (a prompt's prefill
                 took ``log2(Q)`` products of ``[Q, Q]`` matrices), and a model that attends causally when
                 given no mask (``causal_without_mask``: the lean forward) gets none, and its ``forward_step``
-                serves the pass where it has one (nor hidden states nor ``logits_to_keep`` asked for).
+                serves the pass where it has one (no ``logits_to_keep``, and hidden states only from a model
+                that returns the final ones alone).
 
         Returns:
             the HF model output; ``.logits`` is ``[B, Q, V]`` (``[B, k, V]`` with ``logits_to_keep``); the
@@ -118,11 +119,12 @@ class TreeKVCache:
             depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
         step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
-        if plain and chain and step is not None and not output_hidden_states and logits_to_keep == 0:
+        hidden_ok = not output_hidden_states or getattr(self.model, "returns_final_hidden_state", False)
+        if plain and chain and step is not None and hidden_ok and logits_to_keep == 0:
             # a chain behind the context (a greedy chain's verification): the model's causal pass, with the
             # argmax of every entry where it computes one with the logits (``first_max``)
             with decode_attention_backends(tokens.device):
-                out = step(tokens.clamp(min=0), self.context_size, self.cache)
+                out = step(tokens.clamp(min=0), self.context_size, self.cache, output_hidden_states)
             self.passes += 1
             return out
         positions = self.lengths.unsqueeze(1) + depths

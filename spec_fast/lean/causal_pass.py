@@ -10,7 +10,8 @@ and small tensor operations that cost 0.1-0.2 ms per step on one CPU thread afte
 through the caches. :func:`causal_logits` computes the same logits (the same embedding rows, rotary rows,
 native layer stack with the final norm, and head product: the same bits) for the case it covers, with a head
 of GGUF blocks in the same native call as the layers, together with each token's argmax, which is all a
-greedy verification reads of the logits.
+greedy verification reads of the logits; the final normed states, which a trained draft head reads, come
+with them.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ __all__ = ["causal_logits"]
 
 
 def causal_logits(model: Any, input_ids: torch.Tensor, position: int, cache: Any
-                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(logits [B, Q, V], first maxima [B, Q] or None)`` of ``model`` for ``input_ids [B, Q]`` at positions
-    ``position .. position + Q - 1`` behind ``cache``'s ``position`` entries per row, token j attending to
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """``(logits [B, Q, V], first maxima [B, Q] or None, the final normed hidden states [B, Q, H])`` of
+    ``model`` for ``input_ids [B, Q]`` at positions ``position .. position + Q - 1`` behind ``cache``'s ``position`` entries per row, token j attending to
     every cached entry and to tokens 0..j (the new entries appended to ``cache``), or None, with nothing done,
     where the one native call cannot serve the pass (not every layer native, not on the CPU, the cache not
     ``position`` entries long, positions past the rotary table): the caller then runs ``model.forward``. With a
@@ -52,21 +53,21 @@ def causal_logits(model: Any, input_ids: torch.Tensor, position: int, cache: Any
         sin = sin.unsqueeze(0).expand(batch, -1, -1).contiguous()
     head = model.lm_head
     if head.packed is not None and head.kind in native.BLOCK_KINDS and head.bias is None:
-        logits, first_max = _layers_and_head(stack, x, cos, sin, position, body.norm, head)
+        logits, first_max, normed = _layers_and_head(stack, x, cos, sin, position, body.norm, head)
     else:
-        normed = native.run_layers(stack, x, cos, sin, None, position, norm=(body.norm.weight, body.norm.eps))
-        assert normed is not None
-        logits, first_max = head(normed), None
+        final = native.run_layers(stack, x, cos, sin, None, position, norm=(body.norm.weight, body.norm.eps))
+        assert final is not None
+        normed, logits, first_max = final, head(final), None
     for layer_cache in cache.layers:
         layer_cache.key_length = layer_cache.value_length = position + num_query
-    return logits, first_max
+    return logits, first_max, normed
 
 
 def _layers_and_head(stack: native.LayerStack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: int,
-                     norm: Any, head: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                     norm: Any, head: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``native.run_layers(stack, x [B, Q, H], cos, sin, None, past, norm=(norm.weight, norm.eps))`` and then
     ``head``'s product and the first maxima, in one native call (``spec_fast_layers_head``): ``(logits [B, Q,
-    V], [B, Q])``, every argument checked as those calls check theirs."""
+    V], [B, Q], the normed states [B, Q, H])``, every argument checked as those calls check theirs."""
     lib = native._library()
     assert lib is not None
     arguments, normed = native.layers_arguments(stack, x, cos, sin, None, past, (norm.weight, norm.eps))
@@ -84,4 +85,4 @@ def _layers_and_head(stack: native.LayerStack, x: torch.Tensor, cos: torch.Tenso
                                        logits.data_ptr(), first_max.data_ptr())
     if status != 0:
         raise MemoryError("the native decoder layers or head could not allocate their scratch memory")
-    return logits, first_max
+    return logits, first_max, normed

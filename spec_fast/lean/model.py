@@ -416,17 +416,20 @@ class LeanLlama(WatchedModule):
         """The cache :class:`~spec_fast.kv_cache.TreeKVCache` keeps for this model (buffers sized on first use)."""
         return LeanKVCache(len(self.model.layers))
 
-    def forward_step(self, input_ids: torch.Tensor, position: int, past_key_values: LeanKVCache) -> LeanOutput:
+    def forward_step(self, input_ids: torch.Tensor, position: int, past_key_values: LeanKVCache,
+                     output_hidden_states: bool = False) -> LeanOutput:
         """:meth:`forward` of ``input_ids [B, Q]`` at positions ``position ..`` behind a cache of ``position``
-        entries per row, attending causally (every cached entry and the tokens before): the same output, with
-        the little Python of :func:`causal_logits` where that serves the pass (a plain decoding step, a greedy
-        chain's verification; then ``first_max [B, Q]`` too, with a head of GGUF blocks)."""
+        entries per row, attending causally (every cached entry and the tokens before): the same output
+        (``hidden_states``: the final normed states alone), with the little Python of :func:`causal_logits`
+        where that serves the pass (a plain decoding step, a greedy chain's verification; then ``first_max
+        [B, Q]`` too, with a head of GGUF blocks)."""
         done = causal_logits(self, input_ids, position, past_key_values)
         if done is None:
             positions = torch.arange(int(input_ids.shape[1]), device=input_ids.device) + position
             return self.forward(input_ids, position_ids=positions.unsqueeze(0).expand(int(input_ids.shape[0]), -1),
-                                past_key_values=past_key_values)
-        return LeanOutput(done[0], None, past_key_values, done[1])
+                                past_key_values=past_key_values, output_hidden_states=output_hidden_states,
+                                final_hidden_state_only=output_hidden_states)
+        return LeanOutput(done[0], (done[2],) if output_hidden_states else None, past_key_values, done[1])
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -223,7 +223,8 @@ def test_the_lean_causal_pass_gives_forwards_bits(batch: int, width: int, target
     """The pass of plain steps (one token) and greedy chains (several; spec_fast/lean/causal_pass.py,
     ``LeanLlama.forward_step``) against ``forward`` with the same positions and no mask (causal), pass after
     pass, on two caches filled alike; with a head of blocks the one native call's first maxima are
-    ``first_max_index`` of its logits."""
+    ``first_max_index`` of its logits. The final normed states it returns (a trained draft head reads them)
+    are forward's ``final_hidden_state_only`` ones, bit for bit."""
     assert native.available()
     torch.manual_seed(1)
     prompt = torch.randint(0, VOCAB, (batch, 6))
@@ -234,10 +235,12 @@ def test_the_lean_causal_pass_gives_forwards_bits(batch: int, width: int, target
     for position in range(6, 6 + 6 * width, width):
         done = causal_logits(target, step, position, caches[0])
         assert done is not None  # the case it covers: it ran
-        fast, first_max = done
+        fast, first_max, normed = done
         positions = (torch.arange(width) + position).expand(batch, width)
-        reference = target(step, position_ids=positions, past_key_values=caches[1])
+        reference = target(step, position_ids=positions, past_key_values=caches[1], output_hidden_states=True,
+                           final_hidden_state_only=True)
         assert fast.shape == (batch, width, VOCAB) and torch.equal(fast, reference.logits)
+        assert reference.hidden_states is not None and torch.equal(normed, reference.hidden_states[-1])
         if target is BLOCK_HEAD_TARGET:
             assert first_max is not None and torch.equal(first_max, first_max_index(fast))
         else:
