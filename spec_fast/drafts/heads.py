@@ -34,21 +34,23 @@ from __future__ import annotations
 
 import copy
 import os
-import threading
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from spec_fast._hf_compat import cache_keyword
+from spec_fast._sampling import first_max_index
 from spec_fast.drafts.model import Drafter, finish_draft_model, truncated_config
 from spec_fast.drafts.subset_head import SubsetHead
-from spec_fast.kv_cache import TreeKVCache
+from spec_fast.drafts.head_drafter import HeadDrafter, HeadState
+
+if TYPE_CHECKING:
+    from spec_fast.lean.feature_mlp import FeatureMlpWeights
 
 __all__ = [
     "DRAFT_NAMES", "DRAFTER_NAMES", "WEIGHTS_DIR", "SubsetHead", "FeatureHead", "distilled_model", "load_distilled",
-    "load_head", "HeadDrafter", "load_drafter", "weights_path", "head_config",
+    "load_head", "HeadDrafter", "HeadState", "load_drafter", "weights_path", "head_config",
 ]
 
 #: Names of the committed drafts (``spec_fast/weights/<name>.safetensors``).
@@ -158,8 +160,8 @@ class FeatureHead(nn.Module):
         self.norm = LlamaRMSNorm(hidden, eps=self.config.rms_norm_eps)
         self.head = SubsetHead(lm_head, vocab_ids)
         self.staged_features: torch.Tensor | None = None
-        #: the products :meth:`use_native` packed for the native kernel, by name
-        self._packed: dict[str, torch.Tensor] = {}
+        #: the ``rnn`` head's weights for the native call (:meth:`use_native`), else None
+        self._native: FeatureMlpWeights | None = None
 
     def init_from_target(self, target: Any) -> None:
         """Initialise the decoder layer (eagle) from the target's last layer and the norm from the target's
@@ -186,7 +188,15 @@ class FeatureHead(nn.Module):
         """``embeds [B, Q, H]``, ``prev_features [B, Q, H]`` -> predicted features ``[B, Q, H]``.
 
         Without ``attention_mask`` the eagle layer attends causally (training on whole sequences)."""
-        x = self._product("fc", self.fc, torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))
+        native_weights = self._native_weights(embeds)
+        if native_weights is not None:
+            from spec_fast.lean.feature_mlp import feature_mlp
+
+            hidden = embeds.shape[-1]
+            flat = feature_mlp(native_weights, embeds.reshape(-1, hidden).contiguous(),
+                               prev_features.reshape(-1, hidden).contiguous())[0]
+            return flat.view(embeds.shape)
+        x = self.fc(torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))
         if self.kind == "eagle":
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
@@ -194,41 +204,63 @@ class FeatureHead(nn.Module):
             cache_arg = {self.layer_cache_keyword: past_key_values}
             x = self.layer(x, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=past_key_values is not None, position_embeddings=rope, **cache_arg)
-        elif self._packed:
-            normed = self.mlp_norm(x)  # LlamaMLP's forward on the native products
-            mlp = self.mlp
-            gate = self._product("gate", mlp.gate_proj, normed)
-            up = self._product("up", mlp.up_proj, normed)
-            x = x + self._product("down", mlp.down_proj, mlp.act_fn(gate) * up)
         else:
             x = x + self.mlp(self.mlp_norm(x))
         out: torch.Tensor = self.norm(x)
         return out
 
-    def use_native(self, enabled: bool, target_lm_head: nn.Module | None = None) -> None:
-        """Gradient-free float32 CPU forwards multiply by the native kernels: the subset LM head
-        (:meth:`SubsetHead.use_native`) and, for ``rnn``, the input projection and the MLP (torch's products
-        cost about twice as much there at one row); a no-op without the kernels."""
+    def use_native(self, enabled: bool, target_lm_head: nn.Module | None = None, weights: str = "q8_0") -> None:
+        """Gradient-free float32 CPU forwards run on the native kernels: the subset LM head
+        (:meth:`SubsetHead.use_native`) and, for ``rnn``, the whole level with that head in one call
+        (:mod:`spec_fast.lean.feature_mlp`), its four products quantised to ``weights`` (``"q8_0"``, GGUF's
+        8-bit blocks: a quarter of the float32 bytes, which a level mostly spends its time reading, for a
+        draft law within that rounding of the float32 head's) or kept as ``"float32"``; a no-op without the
+        kernels."""
         from spec_fast.lean import native
+        from spec_fast.lean.block_layout import GROUP, quantize_q8_0
+        from spec_fast.lean.feature_mlp import FeatureMlpWeights
 
+        if weights not in ("q8_0", "float32"):
+            raise ValueError(f"weights must be 'q8_0' or 'float32', got weights={weights!r}")
         self.head.use_native(enabled, target_lm_head)
-        self._packed = {}
-        if enabled and native.available() and self.fc.weight.device.type == "cpu" and self.kind == "rnn":
-            linears = {"fc": self.fc, "gate": self.mlp.gate_proj, "up": self.mlp.up_proj, "down": self.mlp.down_proj}
-            self._packed = {name: native.pack_float32(layer.weight.detach()) for name, layer in linears.items()}
+        self._native = None
+        if (enabled and native.available() and self.fc.weight.device.type == "cpu" and self.kind == "rnn"
+                and self.mlp_norm.variance_epsilon == self.norm.variance_epsilon and self.head.packed is not None):
+            mlp, head = self.mlp, self.head
+            linears = (("fc", self.fc), ("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj))
+            if any(int(layer.weight.shape[1]) % GROUP for _, layer in linears):
+                weights = "float32"  # blocks need inputs in whole groups
+            pack = quantize_q8_0 if weights == "q8_0" else native.pack_float32
+            self._native = FeatureMlpWeights(
+                int(self.fc.weight.shape[0]), int(mlp.gate_proj.weight.shape[0]), weights,
+                **{name: pack(layer.weight.detach()) for name, layer in linears},
+                mlp_norm=self.mlp_norm.weight.detach().float().contiguous(),
+                norm=self.norm.weight.detach().float().contiguous(), eps=float(self.norm.variance_epsilon),
+                head_kind=head.packed_kind, head=head.packed, subset=int(head.vocab_ids.shape[0]))
 
-    def _product(self, name: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """``layer(x)`` (a bias-free linear), by the native kernel where :meth:`use_native` packed it and no
-        gradient is wanted."""
-        packed = self._packed.get(name)
-        if (packed is None or x.dtype != torch.float32 or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))):
-            out: torch.Tensor = layer(x)
-            return out
-        from spec_fast.lean import native
+    def _native_weights(self, x: torch.Tensor) -> FeatureMlpWeights | None:
+        """The native call's weights where it serves ``x`` (float32 on the CPU, no gradient wanted), else None."""
+        if (self._native is None or x.dtype != torch.float32 or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (x.requires_grad or self.fc.weight.requires_grad))):
+            return None
+        return self._native
 
-        flat = native.mm_float32(x.reshape(-1, x.shape[-1]), packed, int(layer.weight.shape[0]))
-        return flat.reshape(*x.shape[:-1], flat.shape[-1])
+    def level(self, embeds: torch.Tensor, prev_features: torch.Tensor, head_rows: list[int] | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``rnn``: ``embeds [R, H]`` and ``prev_features [R, H]`` -> ``(features [R, H], subset logits [n, S],
+        first maxima [n])`` with the subset head's scores of the ``n`` rows ``head_rows`` only (None: no
+        scores); in one native call where :meth:`use_native` prepared one, with the same bits as
+        :meth:`features` and :class:`SubsetHead`'s scores give."""
+        native_weights = self._native_weights(embeds)
+        if native_weights is not None:
+            from spec_fast.lean.feature_mlp import feature_mlp
+
+            return feature_mlp(native_weights, embeds.contiguous(), prev_features.contiguous(), head_rows)
+        features = self.features(embeds, prev_features)
+        if head_rows is None:
+            return features, None, None
+        scores = self.head.scores(features[head_rows])
+        return features, scores, first_max_index(scores)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
@@ -283,138 +315,6 @@ def load_head(target: Any, kind: str, directory: str | None = None) -> FeatureHe
     if bad or result.unexpected_keys:
         raise ValueError(f"{kind} weights do not match the head: missing {bad[:3]}, unexpected {result.unexpected_keys[:3]}")
     return head.to(dtype).eval()
-
-
-# ---------------------------------------------------------------------------------------------- drafter
-@dataclass
-class HeadState:
-    """Per-generation state of a :class:`HeadDrafter` (``B`` rows)."""
-
-    cache: TreeKVCache
-    #: ``[B, E, H]`` feature predicted at every block entry of this step (fed to the entry's children)
-    block_features: torch.Tensor
-    #: per row, the target's features of committed entries (oldest first; a zero feature stands for
-    #: "before the first token"); only the last ``history`` rows are kept
-    history: list[torch.Tensor] = field(default_factory=list)
-    prefill_observed: bool = False
-
-
-class HeadDrafter(Drafter):
-    """A :class:`FeatureHead` as a drafter that advances from the verifier's accepted hidden states.
-
-    Protocol with the engine (in addition to :class:`~spec_fast.drafts.model.Drafter`):
-    ``wants_target_hidden = True``, and after every target pass that commits entries the engine calls
-    ``observe_target(state, target_hidden [B, N, H], keep [B, C], counts [B])`` with the target's final
-    normed hidden states of that pass and the committed entries ``keep[b, :counts[b]]`` in order (the
-    prompt chain at prefill, the accepted path root-first after a step). Pending tokens (the committed
-    tokens the drafter has not seen, ending with the root token) then read the features of the entries
-    right before them; draft-tree nodes read their parent's predicted feature.
-    """
-
-    wants_target_hidden = True
-
-    def __init__(self, head: FeatureHead, history: int = 64) -> None:
-        self.head = head
-        self.vocab_size = head.head.vocab_size
-        self.kind = head.kind
-        self.history = history
-        self.hidden_size = int(head.config.hidden_size)
-        # the NDE selector reads a draft's final hidden states: here the predicted features f_j
-        self.draft_hidden_size = self.hidden_size
-        self._staging = threading.Lock()
-
-    def begin(self, batch_size: int, device: torch.device) -> HeadState:
-        dtype = next(self.head.parameters()).dtype
-        zero = torch.zeros(1, self.hidden_size, dtype=dtype, device=device)
-        return HeadState(
-            cache=TreeKVCache(self.head, batch_size, device),
-            block_features=torch.zeros(batch_size, 0, self.hidden_size, dtype=dtype, device=device),
-            history=[zero.clone() for _ in range(batch_size)],
-        )
-
-    def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
-                       counts: torch.Tensor | None = None) -> None:
-        """Append the features of the committed entries (``target_hidden [B, N, H]``, ``keep [B, C]``,
-        ``counts [B]``; without ``keep`` every entry counts)."""
-        batch = target_hidden.shape[0]
-        if keep is None or counts is None:
-            keep = torch.arange(target_hidden.shape[1], device=target_hidden.device).expand(batch, -1)
-            counts = torch.full((batch,), target_hidden.shape[1], dtype=torch.long)
-        count_list = counts.tolist()
-        gathered = torch.gather(
-            target_hidden, 1, keep.clamp(min=0).unsqueeze(-1).expand(-1, -1, target_hidden.shape[-1])
-        ).to(state.block_features.dtype)
-        prefill = state.cache.passes == 0
-        for b in range(batch):
-            rows = torch.cat([state.history[b], gathered[b, : count_list[b]]], dim=0)
-            # the prefill chain reads its whole history once; afterwards only the newest rows matter
-            state.history[b] = rows if prefill else rows[-self.history :]
-        if prefill:
-            state.prefill_observed = True
-
-    def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        batch, num_query = tokens.shape
-        feats = torch.zeros(batch, num_query, self.hidden_size, dtype=state.block_features.dtype,
-                            device=tokens.device)
-        if state.cache.num_block == 0 and state.prefill_observed and state.cache.passes == 0:
-            # prefill chain (left-aligned): entry i reads the feature of entry i-1 (zero for i = 0)
-            for b in range(batch):
-                hist = state.history[b]
-                n = min(num_query, hist.shape[0])
-                feats[b, :n] = hist[:n]
-        elif state.cache.num_block == 0:
-            # pending chain (right-aligned, ends with the root): the features of the committed entries
-            # right before the pending tokens are the newest history rows
-            for b in range(batch):
-                hist = state.history[b]
-                n = min(num_query, hist.shape[0])
-                feats[b, num_query - n :] = hist[hist.shape[0] - n :]
-        else:
-            # tree entries: the parent's predicted feature (-1 = padding below the context: zeros)
-            index = parents.clamp(min=0).unsqueeze(-1).expand(-1, -1, self.hidden_size)
-            parent_feats = torch.gather(state.block_features, 1, index)
-            feats = torch.where((parents >= 0).unsqueeze(-1), parent_feats, feats)
-        with self._staging:  # the staged features live on the shared module: one forward at a time
-            self.head.staged_features = feats
-            try:
-                out = state.cache.forward(tokens, parents)
-            finally:
-                self.head.staged_features = None
-        state.block_features = torch.cat([state.block_features, out.features], dim=1)
-        logits: torch.Tensor = out.logits
-        return logits
-
-    def forward_hidden(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` plus the features it predicted (``[B, Q, H]``, what the LM head read)."""
-        logits = self.forward(state, tokens, parents)
-        return logits, state.block_features[:, -tokens.shape[1]:]
-
-    def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
-        state.cache.commit(keep, counts, prefix_of_block)
-        state.block_features = state.block_features[:, :0]
-        state.prefill_observed = False
-        state.history = [rows[-self.history :] for rows in state.history]
-
-    def num_block(self, state: Any) -> int:
-        return int(state.cache.num_block)
-
-    def take_rows(self, state: Any, rows: list[int]) -> Any:
-        state.cache.take_rows(rows)
-        index = torch.tensor(rows, dtype=torch.long, device=state.block_features.device)
-        state.block_features = state.block_features.index_select(0, index)
-        state.history = [state.history[b] for b in rows]
-        return state
-
-    def join_rows(self, state: Any, joining: Any) -> Any:
-        state.cache.append_rows(joining.cache)
-        state.block_features = torch.cat([state.block_features, joining.block_features], dim=0)
-        state.history = state.history + joining.history
-        state.prefill_observed = False
-        return state
-
-    def passes(self, state: Any) -> int:
-        return int(state.cache.passes)
 
 
 #: Every name :func:`load_drafter` accepts.

@@ -4,6 +4,7 @@ where its match is long enough, the model's law elsewhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,14 @@ class HybridDrafter(Drafter):
         self.min_match = min_match
         self.vocab_size = model.vocab_size
         self.wants_target_hidden = bool(getattr(model, "wants_target_hidden", False))
+        #: a greedy chain's level drafted on the host (:func:`spec_fast.drafts.chain.draft_chain`) where both
+        #: drafters draft one there, else None
+        self.greedy_next_rows: Callable[..., list[int]] | None = (
+            self._greedy_next_rows if getattr(model, "greedy_next_rows", None) is not None else None)
+        #: committed tokens taken without a pass, where both drafters take them so (retrieval records them,
+        #: a recurrent head needs none), else None
+        self.absorb: Callable[[Any, Sequence[Sequence[int]]], None] | None = (
+            self._absorb if getattr(model, "absorb", None) is not None else None)
 
     def begin(self, batch_size: int, device: torch.device) -> HybridState:
         return HybridState(self.retrieval.begin(batch_size, device), self.model.begin(batch_size, device))
@@ -50,6 +59,28 @@ class HybridDrafter(Drafter):
         lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths], device=tokens.device)
         use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
         return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
+
+    def forward_last(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s last column, each drafter computing its last entry's law alone."""
+        model_logits = self.model.forward_last(state.model, tokens, parents)
+        retrieval_logits = self.retrieval.forward_last(state.retrieval, tokens, parents)
+        lengths = torch.tensor([row[-1:] for row in state.retrieval.match_lengths], device=tokens.device)
+        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, 1, 1]
+        return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
+
+    def _greedy_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]]) -> list[int]:
+        """The argmax of :meth:`forward_last`'s law for host-side rows: retrieval's where its match is long
+        enough, else the model's, which scores only those rows (both drafters record every entry)."""
+        found = self.retrieval.greedy_next_rows(state.retrieval, tokens, parents)
+        short = [b for b, row in enumerate(state.retrieval.match_lengths) if row[-1] < self.min_match]
+        model_next = self.model.greedy_next_rows(state.model, tokens, parents, short)  # type: ignore[attr-defined]
+        for b in short:
+            found[b] = model_next[b]
+        return found
+
+    def _absorb(self, state: Any, tokens: Sequence[Sequence[int]]) -> None:
+        self.retrieval.absorb(state.retrieval, tokens)
+        self.model.absorb(state.model, tokens)  # type: ignore[attr-defined]
 
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         self.retrieval.commit(state.retrieval, keep, counts, prefix_of_block)

@@ -63,8 +63,9 @@ class SubsetHead(nn.Module):
         """``hidden [..., H]`` -> ``[..., S]`` scores of the subset tokens."""
         return nn.functional.linear(hidden, self.sub_weight.to(hidden.dtype))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [..., H]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., H]`` -> ``[..., S]`` scores of the subset tokens, by the native kernel where
+        :meth:`use_native` packed one (float32 on the CPU, no gradient wanted), else as :meth:`subset_logits`."""
         if (self.packed is not None and hidden.device.type == "cpu" and hidden.dtype == torch.float32
                 and not (torch.is_grad_enabled() and hidden.requires_grad)):
             from spec_fast.lean import native
@@ -72,9 +73,15 @@ class SubsetHead(nn.Module):
             rows, subset = hidden.reshape(-1, hidden.shape[-1]), int(self.vocab_ids.shape[0])
             flat = (native.mm_blocks("q8_0", rows, self.packed, subset) if self.packed_kind == "q8_0"
                     else native.mm_float32(rows, self.packed, subset))
-            sub = flat.reshape(*hidden.shape[:-1], flat.shape[-1])
-        else:
-            sub = self.subset_logits(hidden)
-        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.vocab_ids] = sub
+            return flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+        return self.subset_logits(hidden)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., H]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
+        return self.dense(self.scores(hidden))
+
+    def dense(self, scores: torch.Tensor) -> torch.Tensor:
+        """Subset ``scores [..., S]`` -> ``[..., V]`` logits, ``-inf`` outside the subset."""
+        out = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.vocab_ids] = scores
         return out

@@ -1,0 +1,177 @@
+"""The recurrent (``rnn``) draft head at run time: its level in one native call (spec_fast/lean/feature_mlp.py),
+its weights as Q8_0 blocks, its greedy chain drafted on the host (alone and behind retrieval), the prompt it
+takes without a pass, and the target's hidden states from the one-call causal pass.
+
+Tiny random models, no download: the head is built untrained on ``tests.engine.models.tiny_llama``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+import torch
+
+from spec_fast._sampling import first_max_index
+from spec_fast.decoding import SamplingParams
+from spec_fast.drafts.batch import argmax_law
+from spec_fast.drafts.heads import FeatureHead, HeadDrafter
+from spec_fast.drafts.hybrid import HybridDrafter
+from spec_fast.drafts.model import Drafter
+from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
+from spec_fast.engine import SpeculativeDecoder
+from spec_fast.lean import LeanLlama, native
+from spec_fast.lean.block_layout import quantize_q8_0, unpack_blocks
+from spec_fast.lean.feature_mlp import feature_mlp
+from spec_fast.strategies import parse_strategy
+from tests.engine.models import tiny_llama
+
+pytestmark = pytest.mark.usefixtures("native_kernels")
+
+VOCAB = 64
+HF_TARGET = tiny_llama(vocab_size=VOCAB, seed=3)
+LEAN_TARGET = LeanLlama.from_hf(HF_TARGET)
+VOCAB_SUBSET = torch.arange(0, VOCAB, 2)
+PROMPTS = [[1, 5, 7, 9, 3, 2], [4, 2], [8, 8, 1, 3, 30, 2, 2, 9, 1, 6]]
+INDEX = SuffixIndex([[1, 5, 7, 9, 3, 2, 2, 8, 5], [4, 2, 6, 6, 1, 4, 2], [8, 8, 1, 3, 5, 7]], VOCAB, 4)
+
+
+def rnn_head(weights: str | None) -> FeatureHead:
+    """An untrained rnn head on the tiny target: torch's products (``None``) or the native level."""
+    torch.manual_seed(5)
+    head = FeatureHead(HF_TARGET, "rnn", VOCAB_SUBSET).eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    if weights is not None:
+        head.use_native(True, weights=weights)
+    return head
+
+
+def test_the_native_level_is_the_torch_heads_arithmetic_and_scores_only_the_rows_asked() -> None:
+    """With float32 weights the one call gives torch's features up to the summation order; its scores are the
+    subset head's of those features, bit for bit, for the rows asked only (repeats allowed), and its first
+    maxima ``first_max_index``'s; ``features`` and ``level`` give the same bits."""
+    torch.manual_seed(0)
+    embeds, prev = torch.randn(5, 32), torch.randn(5, 32)
+    reference = rnn_head(None).features(embeds[:, None], prev[:, None])[:, 0]
+    head = rnn_head("float32")
+    features, scores, first = head.level(embeds, prev, [4, 0, 4])
+    torch.testing.assert_close(features, reference, rtol=1e-5, atol=1e-5)
+    assert torch.equal(head.features(embeds[:, None], prev[:, None])[:, 0], features)
+    assert scores is not None and first is not None and scores.shape == (3, VOCAB_SUBSET.numel())
+    assert torch.equal(scores, head.head.scores(features[[4, 0, 4]]))
+    assert torch.equal(first, first_max_index(scores))
+    assert head.level(embeds, prev, None)[1:] == (None, None)
+
+
+def test_q8_0_weights_stay_within_their_rounding_of_the_float32_head() -> None:
+    torch.manual_seed(1)
+    weight = torch.randn(70, 64)
+    packed = quantize_q8_0(weight)
+    restored = unpack_blocks("q8_0", packed, 70)
+    step = weight.view(70, 2, 32).abs().amax(dim=-1, keepdim=True) / 127  # one step of each group
+    # half a step, plus 127 steps times the float16 scale's relative rounding (at most 2^-11)
+    assert bool(((restored - weight).view(70, 2, 32).abs() <= (0.5 + 127 * 2.0 ** -11) * step * 1.0001).all())
+    exact = torch.randint(-127, 128, (64, 32)).float() * 0.125  # values on the grid of a float16 scale
+    exact[:, 0] = 127 * 0.125  # each group's largest sets the scale to exactly 0.125
+    assert torch.equal(unpack_blocks("q8_0", quantize_q8_0(exact), 64), exact)
+    embeds, prev = torch.randn(6, 32), torch.randn(6, 32)
+    wide = rnn_head("float32").level(embeds, prev, None)[0]
+    narrow = rnn_head("q8_0").level(embeds, prev, None)[0]
+    assert not torch.equal(narrow, wide)
+    torch.testing.assert_close(narrow, wide, rtol=0.0, atol=0.05 * float(wide.abs().max()))
+
+
+def test_the_native_level_rejects_what_it_cannot_read() -> None:
+    head = rnn_head("q8_0")
+    weights = head._native
+    assert weights is not None and weights.kind == "q8_0"
+    good = torch.zeros(2, 32)
+    with pytest.raises(ValueError, match="head_rows"):
+        feature_mlp(weights, good, good, [2])
+    with pytest.raises(ValueError, match="embeds"):
+        feature_mlp(weights, torch.zeros(2, 31), good, [0])
+    with pytest.raises(ValueError, match="prev"):
+        feature_mlp(weights, good, torch.zeros(3, 32), [0])
+    with pytest.raises(ValueError, match="weights must be"):
+        head.use_native(True, weights="q4_1")
+
+
+class TensorRows:
+    """A drafter seen without its host-side entry points: the chain builder then takes its tensor path."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.inner = drafter
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("greedy_next_rows", "commit_rows"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def head_state(drafter: Drafter, state: Any) -> tuple[Any, ...]:
+    model = state.model if isinstance(drafter, HybridDrafter) else state
+    retrieval = (state.retrieval.block_tokens, state.retrieval.match_lengths) if isinstance(drafter, HybridDrafter) else ()
+    return (model.block_features.tolist(), model.cache.num_block, model.cache.passes, *retrieval)
+
+
+def drafters(weights: str | None) -> list[Drafter]:
+    return [HeadDrafter(rnn_head(weights)), HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(weights)), 2)]
+
+
+@pytest.mark.parametrize("weights", [None, "q8_0"])
+def test_a_recurrent_chain_drafted_on_the_host_is_the_tensor_paths_draft(weights: str | None) -> None:
+    """The greedy chain of the rnn head (alone, and behind retrieval, which scores the model only where its
+    match is short) drafted on the host against the same drafter's tensor path: equal drafts and equal
+    drafter states (features, block, passes), for pending chains of different lengths."""
+    for drafter in drafters(weights):
+        assert drafter.greedy_next_rows is not None  # type: ignore[attr-defined]
+        drafts, states = [], []
+        for seen in (drafter, cast(Drafter, TensorRows(drafter))):
+            decoder = SpeculativeDecoder(LEAN_TARGET, seen, parse_strategy("chain:4"))
+            state = decoder.begin(PROMPTS, [9, 9, 9], [SamplingParams()] * 3, [0, 1, 2], set())
+            state.heads[0].pending[1] = [5, 7] + state.heads[0].pending[1]
+            drafts.append(decoder.proposer.draft(state, 4, argmax_law, decoder.device)[0])
+            states.append(head_state(drafter, state.heads[0].state))
+        host, tensors = drafts
+        assert states[0] == states[1]
+        for name in ("tokens", "parents", "depths", "draws", "valid"):
+            assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
+        for name in ("confidences", "entries", "tokens_in"):
+            assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+        assert host.max_depth == 4
+        if isinstance(drafter, HeadDrafter):  # the head alone drafts subset ids only
+            assert bool((host.tree.tokens[:, 1:] % 2 == 0).all())
+        else:  # behind retrieval: some rows take a matched (odd) id, some the head's
+            assert bool((host.tree.tokens[:, 1:] % 2 == 1).any()) and bool((host.tree.tokens[:, 1:] % 2 == 0).any())
+
+
+@pytest.mark.parametrize("weights", [None, "float32", "q8_0"])
+@pytest.mark.parametrize("strategy", ["chain:1", "chain:3"])
+def test_greedy_decoding_with_the_recurrent_head_equals_plain_decoding(monkeypatch: pytest.MonkeyPatch,
+                                                                       weights: str | None, strategy: str) -> None:
+    """Whole decodings (the host chain, the prompt taken without a pass, the target's hidden states from the
+    one-call causal pass) give plain decoding's tokens; a prompt fed through a prefill pass instead drafts
+    the same chains (the same tokens and acceptance)."""
+    plain = SpeculativeDecoder(LEAN_TARGET, None, parse_strategy("ar")).generate(PROMPTS, max_new_tokens=14)
+    hidden_steps: list[int] = []
+    step = LeanLlama.forward_step
+
+    def counted(self: Any, *args: Any) -> Any:
+        out = step(self, *args)
+        hidden_steps.append(int(out.hidden_states is not None))
+        return out
+
+    monkeypatch.setattr(LeanLlama, "forward_step", counted)
+    for drafter in drafters(weights):
+        results = []
+        for absorb in (True, False):
+            if not absorb:
+                drafter.absorb = None  # type: ignore[attr-defined]
+            for prompts in ([PROMPTS[0]], PROMPTS):
+                result = SpeculativeDecoder(LEAN_TARGET, drafter, parse_strategy(strategy)).generate(
+                    prompts, max_new_tokens=14)
+                results.append((result.tokens, result.metrics.accepted_length_histogram))
+        assert results[:2] == results[2:]
+        assert results[1][0] == plain.tokens and results[0][0] == plain.tokens[:1]
+    assert sum(hidden_steps) >= 10  # a single row's chains: the one-call pass, with the final states
