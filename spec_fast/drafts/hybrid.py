@@ -55,17 +55,21 @@ class HybridDrafter(Drafter):
     def forward(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         model_logits = self.model.forward(state.model, tokens, parents)
         retrieval_logits = self.retrieval.forward(state.retrieval, tokens, parents)
-        num_query = tokens.shape[1]
-        lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths], device=tokens.device)
-        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
-        return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
+        return self._choose(state, retrieval_logits, model_logits)
 
     def forward_last(self, state: Any, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """:meth:`forward`'s last column, each drafter computing its last entry's law alone."""
         model_logits = self.model.forward_last(state.model, tokens, parents)
         retrieval_logits = self.retrieval.forward_last(state.retrieval, tokens, parents)
-        lengths = torch.tensor([row[-1:] for row in state.retrieval.match_lengths], device=tokens.device)
-        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, 1, 1]
+        return self._choose(state, retrieval_logits, model_logits)
+
+    def _choose(self, state: Any, retrieval_logits: torch.Tensor, model_logits: torch.Tensor) -> torch.Tensor:
+        """Per entry of ``[B, Q, V]`` logits, retrieval's where the match recorded for it (the last ``Q`` of
+        each row) is at least ``min_match`` long, else the model's."""
+        num_query = retrieval_logits.shape[1]
+        lengths = torch.tensor([row[-num_query:] for row in state.retrieval.match_lengths],
+                               device=model_logits.device)
+        use = (lengths >= self.min_match).unsqueeze(-1)  # [B, Q, 1]
         return torch.where(use, retrieval_logits.to(model_logits.dtype), model_logits)
 
     def _greedy_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]]) -> list[int]:
