@@ -192,7 +192,8 @@ class HeadDrafter(Drafter):
         to the block and returns them with the subset scores and first maxima of the flat rows ``head_rows``
         (row ``b * Q + q``), as :meth:`FeatureHead.level <spec_fast.drafts.heads.FeatureHead.level>` gives."""
         batch, num_query = tokens.shape
-        embeds = self.head.embed[0](tokens.clamp(min=0)).to(feats.dtype)
+        # a drafter never trains: without the shared embedding's gradient the native level serves any caller
+        embeds = self.head.embed[0](tokens.clamp(min=0)).detach().to(feats.dtype)
         features, scores, first = self.head.level(embeds.reshape(-1, self.hidden_size),
                                                   feats.reshape(-1, self.hidden_size), head_rows)
         state.block_features = torch.cat([state.block_features, features.view(batch, num_query, -1)], dim=1)

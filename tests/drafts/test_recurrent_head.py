@@ -170,8 +170,31 @@ def test_greedy_decoding_with_the_recurrent_head_equals_plain_decoding(monkeypat
                 drafter.absorb = None  # type: ignore[attr-defined]
             for prompts in ([PROMPTS[0]], PROMPTS):
                 result = SpeculativeDecoder(LEAN_TARGET, drafter, parse_strategy(strategy)).generate(
-                    prompts, max_new_tokens=14)
-                results.append((result.tokens, result.metrics.accepted_length_histogram))
+                    prompts, max_new_tokens=14, record_trees=True)
+                drafted = [tree.tokens.tolist() for tree in result.trees]  # every step's draft, the first included
+                results.append((result.tokens, result.metrics.accepted_length_histogram, drafted))
         assert results[:2] == results[2:]
         assert results[1][0] == plain.tokens and results[0][0] == plain.tokens[:1]
     assert sum(hidden_steps) >= 10  # a single row's chains: the one-call pass, with the final states
+
+
+def test_a_hybrids_host_level_gives_a_match_of_exactly_min_match_to_retrieval() -> None:
+    """The root's context ends with a two-token datastore match ("9 3", followed by 2 there): with ``min_match=2``
+    the host-drafted level takes retrieval's token, with 3 the head's, as the dense law's argmax does."""
+    head = rnn_head("q8_0")
+    features = torch.randn(1, 3, 32)
+    for min_match, takes_retrieval in ((2, True), (3, False)):
+        tokens = []
+        for host in (True, False):
+            hybrid = HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(head), min_match)
+            state = hybrid.begin(1, torch.device("cpu"))
+            hybrid.observe_target(state, features)
+            assert hybrid.absorb is not None
+            hybrid.absorb(state, [[60, 9]])
+            if host:
+                assert hybrid.greedy_next_rows is not None
+                tokens.append(hybrid.greedy_next_rows(state, [[3]], [[-1]])[0])
+            else:
+                tokens.append(int(hybrid.forward_last(state, torch.tensor([[3]]), torch.tensor([[-1]]))[0, 0].argmax()))
+            assert state.retrieval.match_lengths == [[2]]
+        assert tokens[0] == tokens[1] and (tokens[0] == 2) == takes_retrieval
