@@ -10,6 +10,7 @@ one native call per level where the head has one, :meth:`FeatureHead.level
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,19 @@ from spec_fast.kv_cache import TreeKVCache
 if TYPE_CHECKING:
     from spec_fast.drafts.heads import FeatureHead
 
-__all__ = ["FeatureBlocks", "HeadDrafter", "HeadState"]
+__all__ = ["FeatureBlocks", "HeadDrafter", "HeadState", "path_depth"]
+
+
+def path_depth(estimates: Sequence[float], path_acceptance: float) -> int:
+    """How many levels of a chain to draft given each level's estimated acceptance (NaN: certain): the first,
+    then each next one while the product of the estimates so far stays at least ``path_acceptance``."""
+    path, depth = 1.0, 0
+    for estimate in estimates:
+        path *= 1.0 if math.isnan(estimate) else estimate
+        if depth >= 1 and path < path_acceptance:
+            break
+        depth += 1
+    return max(depth, 1)
 
 
 class FeatureBlocks:
@@ -63,6 +76,9 @@ class HeadState:
     #: "before the first token"); only the last ``history`` rows are kept
     history: list[torch.Tensor] = field(default_factory=list)
     prefill_observed: bool = False
+    #: per row, the top probability of each block entry's law where the ``rnn`` head scored it (NaN where it
+    #: did not), recorded only for a drafter with ``path_acceptance``
+    confidences: list[list[float]] = field(default_factory=list)
 
 
 class HeadDrafter(Drafter):
@@ -79,8 +95,14 @@ class HeadDrafter(Drafter):
 
     wants_target_hidden = True
 
-    def __init__(self, head: FeatureHead, history: int = 64) -> None:
+    def __init__(self, head: FeatureHead, history: int = 64, path_acceptance: float | None = None) -> None:
+        if path_acceptance is not None and not (head.kind == "rnn" and 0.0 < path_acceptance < 1.0):
+            raise ValueError(f"path_acceptance needs an rnn head and a value in (0, 1), got kind={head.kind!r}, "
+                             f"path_acceptance={path_acceptance!r}")
         self.head = head
+        #: chains go on while the product of their levels' top probabilities stays at least this (None: to
+        #: the strategy's depth); :meth:`chain_depths`
+        self.path_acceptance = path_acceptance
         self.vocab_size = head.head.vocab_size
         self.kind = head.kind
         self.history = history
@@ -106,6 +128,7 @@ class HeadDrafter(Drafter):
             cache=cache,
             block_features=torch.zeros(batch_size, 0, self.hidden_size, dtype=dtype, device=device),
             history=[zero.clone() for _ in range(batch_size)],
+            confidences=[[] for _ in range(batch_size)],
         )
 
     def observe_target(self, state: Any, target_hidden: torch.Tensor, keep: torch.Tensor | None = None,
@@ -198,6 +221,13 @@ class HeadDrafter(Drafter):
                                                   feats.reshape(-1, self.hidden_size), head_rows)
         state.block_features = torch.cat([state.block_features, features.view(batch, num_query, -1)], dim=1)
         state.cache.extend(num_query)
+        if self.path_acceptance is not None:
+            tops = [math.nan] * (batch * num_query)
+            if scores is not None and head_rows:
+                for row, top in zip(head_rows, torch.softmax(scores.float(), dim=-1).amax(dim=-1).tolist(), strict=True):
+                    tops[row] = top
+            for b in range(batch):
+                state.confidences[b].extend(tops[b * num_query:(b + 1) * num_query])
         return features, scores, first
 
     def _recurrent_next_rows(self, state: Any, tokens: list[list[int]], parents: list[list[int]],
@@ -225,9 +255,19 @@ class HeadDrafter(Drafter):
         state.prefill_observed = False
         state.history = [rows[-self.history :] for rows in state.history]
 
+    def chain_depths(self, state: Any, law_entries: Sequence[int]) -> list[int] | None:
+        """With ``path_acceptance``: row b's chain takes its first level, then each next one while the product
+        of the top probabilities of the laws its levels are drawn from stays at least ``path_acceptance`` (the
+        law's shape, read before its draw; an entry the head did not score counts as certain)."""
+        if self.path_acceptance is None:
+            return None
+        return [path_depth([rows[entry] for entry in law_entries], self.path_acceptance)
+                for rows in state.confidences]
+
     def commit(self, state: Any, keep: torch.Tensor, counts: torch.Tensor, prefix_of_block: bool = False) -> None:
         state.cache.commit(keep, counts, prefix_of_block)
         state.block_features = state.block_features[:, :0]
+        state.confidences = [[] for _ in state.confidences]
         state.prefill_observed = False
         state.history = [rows[-self.history :] for rows in state.history]
 
@@ -239,12 +279,14 @@ class HeadDrafter(Drafter):
         index = torch.tensor(rows, dtype=torch.long, device=state.block_features.device)
         state.block_features = state.block_features.index_select(0, index)
         state.history = [state.history[b] for b in rows]
+        state.confidences = [state.confidences[b] for b in rows]
         return state
 
     def join_rows(self, state: Any, joining: Any) -> Any:
         state.cache.append_rows(joining.cache)
         state.block_features = torch.cat([state.block_features, joining.block_features], dim=0)
         state.history = state.history + joining.history
+        state.confidences = state.confidences + joining.confidences
         state.prefill_observed = False
         return state
 

@@ -7,6 +7,7 @@ Tiny random models, no download: the head is built untrained on ``tests.engine.m
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import pytest
@@ -15,10 +16,11 @@ import torch
 from spec_fast._sampling import first_max_index
 from spec_fast.decoding import SamplingParams
 from spec_fast.drafts.batch import argmax_law
+from spec_fast.drafts.head_drafter import path_depth
 from spec_fast.drafts.heads import FeatureHead, HeadDrafter
 from spec_fast.drafts.hybrid import HybridDrafter
 from spec_fast.drafts.model import Drafter
-from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
+from spec_fast.drafts.retrieval import PRIOR_ACCEPTANCE, RetrievalDrafter, SuffixIndex
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.lean import LeanLlama, native
 from spec_fast.lean.block_layout import quantize_q8_0, unpack_blocks
@@ -111,20 +113,30 @@ class TensorRows:
 
 def head_state(drafter: Drafter, state: Any) -> tuple[Any, ...]:
     model = state.model if isinstance(drafter, HybridDrafter) else state
-    retrieval = (state.retrieval.block_tokens, state.retrieval.match_lengths) if isinstance(drafter, HybridDrafter) else ()
-    return (model.block_features.tolist(), model.cache.num_block, model.cache.passes, *retrieval)
+    confidences = model.confidences
+    retrieval: tuple[Any, ...] = ()
+    if isinstance(drafter, HybridDrafter):
+        retrieval = (state.retrieval.block_tokens, state.retrieval.match_lengths)
+        # the host path scores the head only where retrieval's match is short: the law it supplies there
+        confidences = [[c if m < drafter.min_match else None for c, m in zip(row, lengths, strict=True)] if row else []
+                       for row, lengths in zip(confidences, state.retrieval.match_lengths, strict=True)]
+    return (model.block_features.tolist(), model.cache.num_block, model.cache.passes, str(confidences), *retrieval)
 
 
-def drafters(weights: str | None) -> list[Drafter]:
-    return [HeadDrafter(rnn_head(weights)), HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(weights)), 2)]
+def drafters(weights: str | None, path_acceptance: float | None = None) -> list[Drafter]:
+    return [HeadDrafter(rnn_head(weights), path_acceptance=path_acceptance),
+            HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(weights), path_acceptance=path_acceptance), 2)]
 
 
+@pytest.mark.parametrize("path_acceptance", [None, 0.02])
 @pytest.mark.parametrize("weights", [None, "q8_0"])
-def test_a_recurrent_chain_drafted_on_the_host_is_the_tensor_paths_draft(weights: str | None) -> None:
+def test_a_recurrent_chain_drafted_on_the_host_is_the_tensor_paths_draft(weights: str | None,
+                                                                         path_acceptance: float | None) -> None:
     """The greedy chain of the rnn head (alone, and behind retrieval, which scores the model only where its
     match is short) drafted on the host against the same drafter's tensor path: equal drafts and equal
-    drafter states (features, block, passes), for pending chains of different lengths."""
-    for drafter in drafters(weights):
+    drafter states (features, block, passes, the laws' top probabilities), for pending chains of different
+    lengths, at the strategy's depth and cut by a path rule."""
+    for drafter in drafters(weights, path_acceptance):
         assert drafter.greedy_next_rows is not None  # type: ignore[attr-defined]
         drafts, states = [], []
         for seen in (drafter, cast(Drafter, TensorRows(drafter))):
@@ -139,7 +151,11 @@ def test_a_recurrent_chain_drafted_on_the_host_is_the_tensor_paths_draft(weights
             assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
         for name in ("confidences", "entries", "tokens_in"):
             assert torch.equal(getattr(host, name), getattr(tensors, name)), name
-        assert host.max_depth == 4
+        if path_acceptance is None:
+            assert host.max_depth == 4
+        else:  # some rows cut, some not
+            depths = host.tree.valid.sum(dim=1).tolist()
+            assert min(depths) < 5 and max(depths) > 2, depths
         if isinstance(drafter, HeadDrafter):  # the head alone drafts subset ids only
             assert bool((host.tree.tokens[:, 1:] % 2 == 0).all())
         else:  # behind retrieval: some rows take a matched (odd) id, some the head's
@@ -198,3 +214,37 @@ def test_a_hybrids_host_level_gives_a_match_of_exactly_min_match_to_retrieval() 
                 tokens.append(int(hybrid.forward_last(state, torch.tensor([[3]]), torch.tensor([[-1]]))[0, 0].argmax()))
             assert state.retrieval.match_lengths == [[2]]
         assert tokens[0] == tokens[1] and (tokens[0] == 2) == takes_retrieval
+
+
+def test_a_chain_goes_on_while_its_paths_estimated_acceptance_holds() -> None:
+    """``path_depth``: the first level always, then each next one while the product of the estimates so far
+    stays at least the threshold (NaN: certain). A hybrid's estimate of a level is retrieval's prior for the
+    match class where retrieval supplies its law, else the head's top probability."""
+    assert path_depth([0.9, 0.5, 0.9], 0.4) == 3 and path_depth([0.9, 0.45, 0.9], 0.4) == 2
+    assert path_depth([0.2, 0.9], 0.4) == 1 and path_depth([], 0.4) == 1
+    assert path_depth([math.nan, 0.5, math.nan, 0.7], 0.4) == 3
+    hybrid = HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(None), path_acceptance=0.3), 2)
+    state = hybrid.begin(2, torch.device("cpu"))
+    state.retrieval.match_lengths = [[0, 5, 0, 2], [1, 1, 7, 0]]
+    state.model.confidences = [[0.9, 0.1, 0.6, 0.01], [0.5, 0.9, math.nan, 0.4]]
+    estimates = [[0.9, PRIOR_ACCEPTANCE[2], 0.6, PRIOR_ACCEPTANCE[1]], [0.5, 0.9, PRIOR_ACCEPTANCE[3], 0.4]]
+    assert hybrid.chain_depths(state, [0, 1, 2, 3]) == [path_depth(e, 0.3) for e in estimates] == [2, 3]
+    assert HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(None)), 2).chain_depths(
+        state, [0, 1]) is None
+    with pytest.raises(ValueError, match="path_acceptance"):
+        HeadDrafter(FeatureHead(HF_TARGET, "eagle", VOCAB_SUBSET), path_acceptance=0.3)
+
+
+def test_greedy_decoding_with_a_path_rule_equals_plain_decoding() -> None:
+    """Chains cut by the path rule keep plain decoding's tokens; a threshold below every path's product cuts
+    nothing, one above every top probability cuts every chain to one level, one between cuts some."""
+    plain = SpeculativeDecoder(LEAN_TARGET, None, parse_strategy("ar")).generate(PROMPTS, max_new_tokens=14)
+    depths = {}
+    for path_acceptance in (None, 1e-9, 0.05, 0.999):
+        drafter = HeadDrafter(rnn_head("q8_0"), path_acceptance=path_acceptance)
+        result = SpeculativeDecoder(LEAN_TARGET, drafter, parse_strategy("chain:4")).generate(
+            PROMPTS, max_new_tokens=14, record_trees=True)
+        assert result.tokens == plain.tokens
+        depths[path_acceptance] = [int(tree.depths.masked_fill(~tree.valid, 0).max()) for tree in result.trees]
+    assert depths[1e-9] == depths[None] and max(depths[None]) == 4
+    assert max(depths[0.999]) == 1 and depths[0.05] != depths[None]
