@@ -4,6 +4,7 @@ where its match is long enough, the model's law elsewhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.head_drafter import path_depth
-from spec_fast.drafts.retrieval import RetrievalDrafter, RetrievalState, match_class
+from spec_fast.drafts.retrieval import RetrievalDrafter, RetrievalState
 
 __all__ = ["HybridDrafter", "HybridState"]
 
@@ -85,22 +86,16 @@ class HybridDrafter(Drafter):
 
     def chain_depths(self, state: Any, law_entries: Sequence[int]) -> list[int] | None:
         """Where the model drafter has a path rule (a recurrent head's ``path_acceptance``): row b's chain takes
-        its first level, then each next one while the product of its levels' estimated acceptances stays at
-        least that value: retrieval's estimate for the match class of a level it supplies
-        (:meth:`RetrievalDrafter.acceptance_estimates`; its prior, as the hybrid's chains do not feed its
-        counts), the head's top probability for one the head supplies. Both read the drafter's side only,
-        before the level's draw."""
+        its first level, then each next one while the product of the head's top probabilities over the levels
+        the head supplies stays at least that value; a level retrieval supplies (a match of ``min_match``
+        tokens or more) counts as certain, as the hybrid without the rule follows every such level. Both read
+        the drafter's side only, before the level's draw."""
         path_acceptance = getattr(self.model, "path_acceptance", None)
         if path_acceptance is None:
             return None
-        depths = []
-        for b, lengths in enumerate(state.retrieval.match_lengths):
-            retrieval_estimates = self.retrieval.acceptance_estimates(state.retrieval, b)
-            confidences = state.model.confidences[b]
-            estimates = [retrieval_estimates[match_class(lengths[entry])] if lengths[entry] >= self.min_match
-                         else confidences[entry] for entry in law_entries]
-            depths.append(path_depth(estimates, path_acceptance))
-        return depths
+        return [path_depth([math.nan if lengths[entry] >= self.min_match else confidences[entry]
+                            for entry in law_entries], path_acceptance)
+                for lengths, confidences in zip(state.retrieval.match_lengths, state.model.confidences, strict=True)]
 
     def _absorb(self, state: Any, tokens: Sequence[Sequence[int]]) -> None:
         self.retrieval.absorb(state.retrieval, tokens)

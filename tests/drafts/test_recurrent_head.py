@@ -20,7 +20,7 @@ from spec_fast.drafts.head_drafter import path_depth
 from spec_fast.drafts.heads import FeatureHead, HeadDrafter
 from spec_fast.drafts.hybrid import HybridDrafter
 from spec_fast.drafts.model import Drafter
-from spec_fast.drafts.retrieval import PRIOR_ACCEPTANCE, RetrievalDrafter, SuffixIndex
+from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.engine import SpeculativeDecoder
 from spec_fast.lean import LeanLlama, native
 from spec_fast.lean.block_layout import quantize_q8_0, unpack_blocks
@@ -218,8 +218,8 @@ def test_a_hybrids_host_level_gives_a_match_of_exactly_min_match_to_retrieval() 
 
 def test_a_chain_goes_on_while_its_paths_estimated_acceptance_holds() -> None:
     """``path_depth``: the first level always, then each next one while the product of the estimates so far
-    stays at least the threshold (NaN: certain). A hybrid's estimate of a level is retrieval's prior for the
-    match class where retrieval supplies its law, else the head's top probability."""
+    stays at least the threshold (NaN: certain). A hybrid counts a level retrieval supplies as certain and one
+    the head supplies at the head's top probability."""
     assert path_depth([0.9, 0.5, 0.9], 0.4) == 3 and path_depth([0.9, 0.45, 0.9], 0.4) == 2
     assert path_depth([0.2, 0.9], 0.4) == 1 and path_depth([], 0.4) == 1
     assert path_depth([math.nan, 0.5, math.nan, 0.7], 0.4) == 3
@@ -227,8 +227,9 @@ def test_a_chain_goes_on_while_its_paths_estimated_acceptance_holds() -> None:
     state = hybrid.begin(2, torch.device("cpu"))
     state.retrieval.match_lengths = [[0, 5, 0, 2], [1, 1, 7, 0]]
     state.model.confidences = [[0.9, 0.1, 0.6, 0.01], [0.5, 0.9, math.nan, 0.4]]
-    estimates = [[0.9, PRIOR_ACCEPTANCE[2], 0.6, PRIOR_ACCEPTANCE[1]], [0.5, 0.9, PRIOR_ACCEPTANCE[3], 0.4]]
-    assert hybrid.chain_depths(state, [0, 1, 2, 3]) == [path_depth(e, 0.3) for e in estimates] == [2, 3]
+    estimates = [[0.9, math.nan, 0.6, math.nan], [0.5, 0.9, math.nan, 0.4]]
+    assert hybrid.chain_depths(state, [0, 1, 2, 3]) == [path_depth(e, 0.3) for e in estimates] == [4, 3]
+    assert hybrid.chain_depths(state, [0, 3]) == [2, 1]
     assert HybridDrafter(RetrievalDrafter(INDEX, VOCAB, 4), HeadDrafter(rnn_head(None)), 2).chain_depths(
         state, [0, 1]) is None
     with pytest.raises(ValueError, match="path_acceptance"):
