@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRAFT_NAMES", "DRAFTER_NAMES", "WEIGHTS_DIR", "SubsetHead", "FeatureHead", "distilled_model", "load_distilled",
-    "load_head", "HeadDrafter", "HeadState", "load_drafter", "weights_path", "head_config", "RNN_PATH_ACCEPTANCE",
+    "load_head", "HeadDrafter", "HeadState", "load_drafter", "weights_path", "head_config",
 ]
 
 #: Names of the committed drafts (``spec_fast/weights/<name>.safetensors``).
@@ -317,11 +317,6 @@ def load_head(target: Any, kind: str, directory: str | None = None) -> FeatureHe
     return head.to(dtype).eval()
 
 
-#: The committed ``rnn`` draft's chain rule (:class:`HeadDrafter` ``path_acceptance``, also behind retrieval): on
-#: the tuning split a chain that goes on while its path's estimated acceptance stays at least 0.3 beat the
-#: same draft at a fixed depth on chat and input-grounded prompts (docs/drafts.md section 5).
-RNN_PATH_ACCEPTANCE = 0.3
-
 #: Every name :func:`load_drafter` accepts.
 DRAFTER_NAMES = DRAFT_NAMES + ("heads", "retrieval") + tuple(f"{n}+retrieval" for n in DRAFT_NAMES)
 
@@ -332,9 +327,8 @@ def load_drafter(name: str, target: Any, directory: str | None = None, target_lm
     ``rnn`` (:class:`HeadDrafter`); ``heads`` is an alias of ``eagle``, the stronger head; ``retrieval``
     (:class:`~spec_fast.drafts.retrieval.RetrievalDrafter` over ``weights/datastore.npz`` and the row's own text);
     ``<draft>+retrieval`` (:class:`~spec_fast.drafts.hybrid.HybridDrafter`: retrieval where its match is at
-    least 3 tokens long, the draft elsewhere). ``rnn`` chains, alone or behind retrieval, follow
-    :data:`RNN_PATH_ACCEPTANCE`. ``target_lm_head``: the running target's LM head where ``target`` is an HF copy
-    of it (:meth:`SubsetHead.use_native`)."""
+    least 3 tokens long, the draft elsewhere). ``target_lm_head``: the running target's LM head where ``target``
+    is an HF copy of it (:meth:`SubsetHead.use_native`)."""
     from spec_fast.drafts.model import ModelDrafter
     from spec_fast.drafts.hybrid import HybridDrafter
     from spec_fast.drafts.retrieval import DATASTORE_PATH, load_retrieval_drafter
@@ -356,5 +350,5 @@ def load_drafter(name: str, target: Any, directory: str | None = None, target_lm
     if name in ("eagle", "rnn"):
         head = load_head(target, name, directory)
         head.use_native(True, target_lm_head)
-        return HeadDrafter(head, path_acceptance=RNN_PATH_ACCEPTANCE if name == "rnn" else None)
+        return HeadDrafter(head)
     raise ValueError(f"draft name must be one of {DRAFTER_NAMES}, got name={name!r}")

@@ -249,3 +249,19 @@ def test_greedy_decoding_with_a_path_rule_equals_plain_decoding() -> None:
         depths[path_acceptance] = [int(tree.depths.masked_fill(~tree.valid, 0).max()) for tree in result.trees]
     assert depths[1e-9] == depths[None] and max(depths[None]) == 4
     assert max(depths[0.999]) == 1 and depths[0.05] != depths[None]
+
+
+def test_the_recorded_top_probability_is_the_dense_laws() -> None:
+    """With a path rule, every entry the head scored records the top probability of the law ``forward`` returns
+    for it (the dense logits' softmax: the subset's, as every other token has probability zero)."""
+    drafter = HeadDrafter(rnn_head("q8_0"), path_acceptance=0.5)
+    state = drafter.begin(2, torch.device("cpu"))
+    drafter.observe_target(state, torch.randn(2, 4, 32))
+    assert drafter.absorb is not None
+    drafter.absorb(state, [[1, 2, 3], [4, 5, 6]])
+    tokens = torch.tensor([[9, 3, 2], [0, 8, 6]])
+    with torch.no_grad():
+        logits = drafter.forward(state, tokens, torch.tensor([[-1, 0, 1], [-1, -1, 1]]))
+    expected = torch.softmax(logits, dim=-1).amax(dim=-1)
+    torch.testing.assert_close(torch.tensor(state.confidences), expected, rtol=1e-6, atol=1e-6)
+    assert len(set(state.confidences[0] + state.confidences[1])) == 6
