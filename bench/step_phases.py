@@ -13,7 +13,8 @@ of a one-node tree inline; its pass with a head of blocks is one native call of 
 verification, the commit (within it the native move of ragged rows' kept entries), and the whole engine step.
 The same run also measures the step table the batch-aware default reads
 (``spec_fast.engine.batch_depth.measure_step_cost``), to set its ratios beside the ones of real decoding.
-Writes ``bench/results/step_phases.{json,md,png}``. ``--temperature T`` times sampled requests instead, with the
+``--draft NAME [--strategy S]`` times that draft in place of the default's (a trained head's level
+in one native call shows as its native head levels). Writes ``bench/results/step_phases.{json,md,png}``. ``--temperature T`` times sampled requests instead, with the
 retrieval draft and the strategy a named draft gets when sampling (``chain:1``): where a sampled drafted step's
 time goes against a sampled plain step.
 
@@ -46,12 +47,13 @@ import spec_fast.engine.decoder as decoder_module  # noqa: E402
 from spec_fast.engine.decoder import SpeculativeDecoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
 from spec_fast.lean import causal_pass  # noqa: E402
+from spec_fast.lean import feature_mlp as feature_mlp_module  # noqa: E402
 from spec_fast.lean import native  # noqa: E402
 from spec_fast.models import chat_prompt_ids  # noqa: E402
 from spec_fast.settings import resolve_settings  # noqa: E402
 
 #: (label, key) of each timed phase, in the order of a step
-PHASES = (("draft", "draft"), ("target pass", "target"), ("plain step", "plain"), ("  its pass", "plain_pass"),
+PHASES = (("draft", "draft"), ("  its native head levels", "draft_level"), ("target pass", "target"), ("plain step", "plain"), ("  its pass", "plain_pass"),
           ("native layers", "layers"), ("LM head", "lm_head"), ("layers + head in one call", "fused"),
           ("verify", "verify"), ("commit", "commit"), ("  ragged move", "move"), ("engine step", "step"))
 
@@ -89,13 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="> 0: sampled requests (seed = the request's index), and the retrieval draft with the "
                              "strategy a named draft gets when sampling (the default itself then decodes plain)")
+    parser.add_argument("--draft", default=None,
+                        help="time this draft instead of the default's, e.g. rnn+retrieval")
+    parser.add_argument("--strategy", default=None, help="with --draft: its strategy (default: the CLI's for it)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     plain, tokenizer = load_decoder(resolve_settings(strategy="ar"))
     sampled = args.temperature > 0
-    default_settings = resolve_settings(draft="retrieval", temperature=args.temperature) if sampled \
-        else resolve_settings()
+    if args.draft is not None:
+        default_settings = resolve_settings(draft=args.draft, strategy=args.strategy, temperature=args.temperature)
+    elif sampled:
+        default_settings = resolve_settings(draft="retrieval", temperature=args.temperature)
+    else:
+        default_settings = resolve_settings()
     speculative = load_decoder(default_settings)[0]
     depth = speculative.strategy.depth
     prompts = [chat_prompt_ids(tokenizer, p) for p in TUNING["chat"]]
@@ -131,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                              (native, "run_layers", "layers"), (native, "mm_blocks", "lm_head"),
                              (causal_pass, "_layers_and_head", "fused"),
                              (SpeculativeDecoder, "_verify_phase", "verify"), (SpeculativeDecoder, "_commit_phase", "commit"),
-                             (native, "move_entries", "move"), (BatchEngine, "step", "step")):
+                             (native, "move_entries", "move"), (BatchEngine, "step", "step"),
+                             (feature_mlp_module, "feature_mlp", "draft_level")):
         timer.wrap(owner, name, key)
     per_round: dict[str, list[dict[str, float]]] = {name: [] for name in cells}
     tokens: dict[str, int] = {name: 0 for name in cells}
