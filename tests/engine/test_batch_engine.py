@@ -127,6 +127,22 @@ def test_the_lean_target_and_a_model_draft_decode_each_request_as_alone() -> Non
                                  schedule(seed=2, sampled=True, greedy=True))
 
 
+def test_the_rnn_head_behind_retrieval_decodes_each_request_as_alone() -> None:
+    """Rows of a recurrent head (its block counter, features, path rule's probabilities, prompts taken without a
+    pass) join and leave a running batch, greedy and sampled, each decoding as it does alone."""
+    from spec_fast.drafts.heads import FeatureHead, HeadDrafter
+    from spec_fast.drafts.hybrid import HybridDrafter
+
+    torch.manual_seed(3)
+    head = FeatureHead(TARGET, "rnn", torch.arange(0, 48, 2)).eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    head.use_native(True)
+    drafter = HybridDrafter(RetrievalDrafter(None, 48), HeadDrafter(head, path_acceptance=0.05), 2)
+    assert_each_request_as_alone(decoder_for("chain:3", target=LEAN, drafter=drafter),
+                                 schedule(seed=4, sampled=True, greedy=True))
+
+
 def _one_batch_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: every row draws from row 0's keys at counters set by the batch's step and the row's place in
     it (one stream for the batch, as a single generator per batch gives)."""
