@@ -27,6 +27,7 @@ from spec_fast.lean.block_layout import quantize_q8_0, unpack_blocks
 from spec_fast.lean.feature_mlp import feature_mlp
 from spec_fast.strategies import parse_strategy
 from tests.engine.models import tiny_llama
+from tests.engine.test_chain_verify_host import TensorRows, assert_same_draft
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
 
@@ -99,18 +100,6 @@ def test_the_native_level_rejects_what_it_cannot_read() -> None:
         head.use_native(True, weights="q4_1")
 
 
-class TensorRows:
-    """A drafter seen without its host-side entry points: the chain builder then takes its tensor path."""
-
-    def __init__(self, drafter: Drafter) -> None:
-        self.inner = drafter
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("greedy_next_rows", "commit_rows"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
 def head_state(drafter: Drafter, state: Any) -> tuple[Any, ...]:
     model = state.model if isinstance(drafter, HybridDrafter) else state
     confidences = model.confidences
@@ -147,10 +136,7 @@ def test_a_recurrent_chain_drafted_on_the_host_is_the_tensor_paths_draft(weights
             states.append(head_state(drafter, state.heads[0].state))
         host, tensors = drafts
         assert states[0] == states[1]
-        for name in ("tokens", "parents", "depths", "draws", "valid"):
-            assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
-        for name in ("confidences", "entries", "tokens_in"):
-            assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+        assert_same_draft(host, tensors)
         if path_acceptance is None:
             assert host.max_depth == 4
         else:  # some rows cut, some not

@@ -104,16 +104,24 @@ def drafter_state(state: Any) -> tuple[Any, ...]:
 
 
 class TensorRows:
-    """A retrieval drafter seen without its host-side entry points (``greedy_next_rows``, ``commit_rows``):
-    the builders and the commit then take their tensor paths."""
+    """A drafter seen without its host-side entry points (``greedy_next_rows``, ``commit_rows``): the builders
+    and the commit then take their tensor paths."""
 
-    def __init__(self, drafter: RetrievalDrafter) -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.inner = drafter
 
     def __getattr__(self, name: str) -> Any:
         if name in ("greedy_next_rows", "commit_rows"):
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def assert_same_draft(host: Any, tensors: Any) -> None:
+    """Two drafts (:class:`~spec_fast.drafts.batch.DraftBatch`) with equal trees, confidences, entries and inputs."""
+    for name in ("tokens", "parents", "depths", "draws", "valid"):
+        assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
+    for name in ("confidences", "entries", "tokens_in"):
+        assert torch.equal(getattr(host, name), getattr(tensors, name)), name
 
 
 def test_a_retrieval_chain_drafted_on_the_host_is_the_tensor_paths_draft() -> None:
@@ -133,10 +141,7 @@ def test_a_retrieval_chain_drafted_on_the_host_is_the_tensor_paths_draft() -> No
             states.append(drafter_state(state))
         host, tensors = drafts
         assert states[0] == states[1]
-        for name in ("tokens", "parents", "depths", "draws", "valid"):
-            assert torch.equal(getattr(host.tree, name), getattr(tensors.tree, name)), name
-        for name in ("confidences", "entries", "tokens_in"):
-            assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+        assert_same_draft(host, tensors)
         assert host.draft_probs is None and tensors.draft_probs is None
         assert (host.pending_width, host.max_depth, host.chain) == (tensors.pending_width, tensors.max_depth, True)
         assert host.max_depth >= 1
