@@ -385,6 +385,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        "                    tops[row] = top", "                    tops[0] = top",
        ("tests/drafts/test_recurrent_head.py",),
        "the head's top probabilities land on the first entry, not on the entries scored"),
+    _m("head-history-counts-a-prompt-without-a-pass-as-pending", "spec_fast/drafts/head_drafter.py",
+       "prefill = not state.prompt_committed", "prefill = state.cache.passes == 0",
+       ("tests/drafts/test_recurrent_head.py",),
+       "plain steps before an rnn head's first pass hand it features it files as a prefill's (its first draft "
+       "reads the prompt's first feature)"),
     _m("rnn-absorb-keeps-the-prefill-flag", "spec_fast/drafts/head_drafter.py",
        "        state.prefill_observed = False\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
        "        state.prefill_observed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",

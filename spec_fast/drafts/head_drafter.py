@@ -76,6 +76,9 @@ class HeadState:
     #: "before the first token"); only the last ``history`` rows are kept
     history: list[torch.Tensor] = field(default_factory=list)
     prefill_observed: bool = False
+    #: the prompt was committed (by a prefill pass or, for ``rnn``, taken without one): later features the
+    #: engine hands over are a step's, whose history keeps only the newest rows
+    prompt_committed: bool = False
     #: per row, the top probability of each block entry's law where the ``rnn`` head scored it (NaN where it
     #: did not), recorded only for a drafter with ``path_acceptance``
     confidences: list[list[float]] = field(default_factory=list)
@@ -143,7 +146,7 @@ class HeadDrafter(Drafter):
         gathered = torch.gather(
             target_hidden, 1, keep.clamp(min=0).unsqueeze(-1).expand(-1, -1, target_hidden.shape[-1])
         ).to(state.block_features.dtype)
-        prefill = state.cache.passes == 0
+        prefill = not state.prompt_committed
         for b in range(batch):
             rows = torch.cat([state.history[b], gathered[b, : count_list[b]]], dim=0)
             # the prefill chain reads its whole history once; afterwards only the newest rows matter
@@ -224,7 +227,8 @@ class HeadDrafter(Drafter):
         if self.path_acceptance is not None:
             tops = [math.nan] * (batch * num_query)
             if scores is not None and head_rows:
-                for row, top in zip(head_rows, torch.softmax(scores.float(), dim=-1).amax(dim=-1).tolist(), strict=True):
+                top_probabilities = torch.softmax(scores.float(), dim=-1).amax(dim=-1).tolist()
+                for row, top in zip(head_rows, top_probabilities, strict=True):
                     tops[row] = top
             for b in range(batch):
                 state.confidences[b].extend(tops[b * num_query:(b + 1) * num_query])
@@ -253,6 +257,7 @@ class HeadDrafter(Drafter):
         pass would compute and the commit drop) and those of a plain step's tokens are never needed; only
         the history is cut, as a commit cuts it."""
         state.prefill_observed = False
+        state.prompt_committed = True
         state.history = [rows[-self.history :] for rows in state.history]
 
     def chain_depths(self, state: Any, law_entries: Sequence[int]) -> list[int] | None:
@@ -269,6 +274,7 @@ class HeadDrafter(Drafter):
         state.block_features = state.block_features[:, :0]
         state.confidences = [[] for _ in state.confidences]
         state.prefill_observed = False
+        state.prompt_committed = True
         state.history = [rows[-self.history :] for rows in state.history]
 
     def num_block(self, state: Any) -> int:

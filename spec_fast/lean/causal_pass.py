@@ -28,12 +28,13 @@ __all__ = ["causal_logits"]
 def causal_logits(model: Any, input_ids: torch.Tensor, position: int, cache: Any
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
     """``(logits [B, Q, V], first maxima [B, Q] or None, the final normed hidden states [B, Q, H])`` of
-    ``model`` for ``input_ids [B, Q]`` at positions ``position .. position + Q - 1`` behind ``cache``'s ``position`` entries per row, token j attending to
-    every cached entry and to tokens 0..j (the new entries appended to ``cache``), or None, with nothing done,
-    where the one native call cannot serve the pass (not every layer native, not on the CPU, the cache not
-    ``position`` entries long, positions past the rotary table): the caller then runs ``model.forward``. With a
-    head of GGUF blocks the same native call computes the logits and each token's index of its first maximum
-    logit (``first_max_index``'s), else the head's product follows and the maxima are None."""
+    ``model`` for ``input_ids [B, Q]`` at positions ``position .. position + Q - 1`` behind ``cache``'s
+    ``position`` entries per row, token j attending to every cached entry and to tokens 0..j (the new entries
+    appended to ``cache``), or None, with nothing done, where the one native call cannot serve the pass (not
+    every layer native, not on the CPU, the cache not ``position`` entries long, positions past the rotary
+    table): the caller then runs ``model.forward``. With a head of GGUF blocks the same native call computes the
+    logits and each token's index of its first maximum logit (``first_max_index``'s), else the head's product
+    follows and the maxima are None."""
     body = model.model
     layers: list[Any] = list(body.layers)
     embedding = body.embed_tokens.weight

@@ -193,8 +193,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
             "naive_chain": ([ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr], None),
             "move_entries": ([i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64], i64),
             "round_half": ([ptr, i64, ptr], None),
-            "feature_mlp": ([i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, float64, ptr, i64, ptr, i64, i64,
-                             ptr, ptr, ptr, i64], i64),
+            "feature_mlp": ([i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, float64, ptr, i64, ptr, i64,
+                             i64, ptr, ptr, ptr, i64], i64),
         }
         for name, (arguments, result) in signatures.items():
             function = getattr(lib, "spec_fast_" + name)

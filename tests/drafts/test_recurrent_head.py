@@ -251,3 +251,39 @@ def test_the_recorded_top_probability_is_the_dense_laws() -> None:
     expected = torch.softmax(logits, dim=-1).amax(dim=-1)
     torch.testing.assert_close(torch.tensor(state.confidences), expected, rtol=1e-6, atol=1e-6)
     assert len(set(state.confidences[0] + state.confidences[1])) == 6
+
+
+def test_plain_steps_before_the_first_draft_leave_the_recurrent_head_reading_the_newest_features() -> None:
+    """A request whose first steps are plain (here forced; the batch policy or a controller can choose them)
+    hands the head the target's features of those steps before its first pass: with the prompt taken without
+    a pass they must extend the history as a step's do, so its first draft reads the feature right before the
+    root, the draft the head makes after a prefill pass."""
+    from spec_fast.engine.batch_depth import forcing
+    from spec_fast.engine.batch_engine import BatchEngine
+
+    drafted: list[list[list[int]]] = []
+    for absorb in (True, False):
+        drafter = HeadDrafter(rnn_head("q8_0"))
+        if not absorb:
+            drafter.absorb = None  # type: ignore[attr-defined]
+        calls: list[list[int]] = []
+        host_level = drafter.greedy_next_rows
+        assert host_level is not None
+
+        def recorded(*args: Any, **kwargs: Any) -> list[int]:
+            calls.append(host_level(*args, **kwargs))
+            return calls[-1]
+
+        drafter.greedy_next_rows = recorded  # type: ignore[attr-defined]
+        decoder = SpeculativeDecoder(LEAN_TARGET, drafter, parse_strategy("chain:3"))
+        decoder.step_cost = lambda max_rows=8: forcing(0, 3)  # type: ignore[method-assign]  # plain steps first
+        engine = BatchEngine(decoder, max_batch_size=2, depth_policy="cost")
+        for prompt in PROMPTS[:2]:
+            engine.add_request(prompt, SamplingParams(), 16)
+        for step in range(6):
+            if step == 3:
+                assert engine.state is not None and not calls
+                engine.state.step_cost = forcing(3, 3)
+            engine.step()
+        drafted.append(calls)
+    assert drafted[0] == drafted[1] and len(drafted[0]) >= 6
