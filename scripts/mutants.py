@@ -391,8 +391,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "plain steps before an rnn head's first pass hand it features it files as a prefill's (its first draft "
        "reads the prompt's first feature)"),
     _m("rnn-absorb-keeps-the-prefill-flag", "spec_fast/drafts/head_drafter.py",
-       "        state.prefill_observed = False\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
-       "        state.prefill_observed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
+       "        state.prefill_observed = False\n        state.prompt_committed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
+       "        state.prefill_observed = True\n        state.prompt_committed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
        ("tests/drafts/test_recurrent_head.py",),
        "an rnn head that took its prompt without a pass reads its first pending chain as a prefill chain"),
     _m("causal-pass-returns-the-unnormed-states", "spec_fast/lean/causal_pass.py",
