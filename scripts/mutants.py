@@ -390,6 +390,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests/drafts/test_recurrent_head.py",),
        "plain steps before an rnn head's first pass hand it features it files as a prefill's (its first draft "
        "reads the prompt's first feature)"),
+    _m("plain-step-drops-the-heads-features", "spec_fast/engine/plain_step.py",
+       "    if st.wants_hidden:  # a trained head's", "    if False:  # a trained head's",
+       ("tests/engine/test_plain_step.py",),
+       "a plain step of a decoder with a trained head does not hand the head the committed root's features"),
     _m("rnn-absorb-keeps-the-prefill-flag", "spec_fast/drafts/head_drafter.py",
        "        state.prefill_observed = False\n        state.prompt_committed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",
        "        state.prefill_observed = True\n        state.prompt_committed = True\n        state.history = [rows[-self.history :] for rows in state.history]\n\n    def chain_depths",

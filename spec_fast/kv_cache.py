@@ -133,28 +133,29 @@ class TreeKVCache:
             next(self.model.parameters()).dtype)
         return self._pass(tokens.clamp(min=0), positions, mask, output_hidden_states, logits_to_keep)
 
-    def forward_committed(self, tokens: torch.Tensor) -> Any:
+    def forward_committed(self, tokens: torch.Tensor, output_hidden_states: bool = False) -> Any:
         """A plain decoding step's pass and commit in one: ``tokens [B, 1]`` (ids >= 0), each row's one
         entry appended behind its context and kept. The cache, lengths and output equal those of
         :meth:`forward` of the entries below the context followed by :meth:`commit` of every row's entry;
         behind an unpadded context it skips their tree bookkeeping (ancestors, depths, the index rows of
-        the commit: a dozen small tensor operations per step). Between steps only (no block entries)."""
+        the commit: a dozen small tensor operations per step). Between steps only (no block entries).
+        ``output_hidden_states`` as :meth:`forward` takes it."""
         self._check_between_steps("forward_committed")
         batch = self.batch_size
         if tuple(tokens.shape) != (batch, 1):
             raise ValueError(f"tokens must be [B, 1] = [{batch}, 1], got tokens.shape={tuple(tokens.shape)}")
         if self.padded:  # ragged rows: the new entries are moved behind each row's context
-            out = self.forward(tokens, torch.full_like(tokens, -1))
+            out = self.forward(tokens, torch.full_like(tokens, -1), output_hidden_states=output_hidden_states)
             self.commit(torch.zeros_like(tokens), torch.ones(batch, dtype=torch.long, device=self.device))
             return out
         # every row's context fills the physical slots: its entry lands right behind it, already in place
         step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
-        if step is not None:
+        if step is not None and (not output_hidden_states or getattr(self.model, "returns_final_hidden_state", False)):
             with decode_attention_backends(tokens.device):
-                out = step(tokens, self.context_size, self.cache)
+                out = step(tokens, self.context_size, self.cache, output_hidden_states)
             self.passes += 1
         else:
-            out = self._pass(tokens, self.lengths.unsqueeze(1), None, False, 0)
+            out = self._pass(tokens, self.lengths.unsqueeze(1), None, output_hidden_states, 0)
         self.lengths = self.lengths + 1
         self.context_size += 1
         return out

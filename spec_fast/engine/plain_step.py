@@ -32,12 +32,13 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
                ) -> tuple[list[list[int]], list[int]] | None:
     """One plain step of every row of ``st`` (``st.depth_caps`` all 0): ``(new tokens per row, tokens
     emitted per row)``, or None, with nothing done, where the general step must run: a row inactive or
-    fresh (its root's logits are the prefill's), greedy and sampled rows mixed, hidden states or trees
-    asked for, a drafter holding block entries, or a proposer that reads the verification."""
+    fresh (its root's logits are the prefill's), greedy and sampled rows mixed, a proposer that reads the
+    target's hidden states (a trained head's are handed over here, as the commit does) or trees asked for, a
+    drafter holding block entries, or a proposer that reads the verification."""
     batch = st.batch_size
     samplings = st.samplings
     greedy = samplings[0].greedy if samplings else True
-    if (batch == 0 or st.wants_hidden or st.trees is not None or not all(st.active) or any(st.fresh)
+    if (batch == 0 or proposer.reads_target_hidden or st.trees is not None or not all(st.active) or any(st.fresh)
             or any(s.greedy != greedy for s in samplings)
             or type(proposer).after_verify is not PlainProposer.after_verify
             or any(head.drafter.num_block(head.state) > 0 for head in st.heads)):
@@ -46,7 +47,8 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
         head.pending_width = 0
     st.steps += 1
     roots = st.roots
-    out = st.target_cache.forward_committed(torch.tensor(roots, dtype=torch.long, device=device).unsqueeze(1))
+    out = st.target_cache.forward_committed(torch.tensor(roots, dtype=torch.long, device=device).unsqueeze(1),
+                                            output_hidden_states=st.wants_hidden)
     logits = out.logits[:, 0]  # [B, V]
     if greedy:  # the model's own argmax where its pass computed one with the logits (spec_fast.lean)
         best = getattr(out, "first_max", None)
@@ -73,5 +75,10 @@ def plain_step(st: DecodeState, proposer: Proposer, device: torch.device
             new_tokens[b].append(token)
         if len(outputs) >= st.max_new[b] or (outputs and outputs[-1] in st.eos):
             st.active[b] = False
+    if st.wants_hidden:  # a trained head's features of every row's committed root, as the commit hands them over
+        for head in st.heads:
+            head.drafter.observe_target(head.state, out.hidden_states[-1],
+                                        torch.zeros(batch, 1, dtype=torch.long, device=device),
+                                        torch.ones(batch, dtype=torch.long, device=device))
     st.metrics.record_step(accepted, accepted)
     return new_tokens, [1] * batch

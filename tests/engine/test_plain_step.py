@@ -16,6 +16,7 @@ import torch
 
 import spec_fast.engine.decoder as decoder_module
 from spec_fast.decoding import SamplingParams
+from spec_fast.drafts.heads import FeatureHead, HeadDrafter
 from spec_fast.drafts.model import EarlyExitDrafter
 from spec_fast.drafts.retrieval import RetrievalDrafter, SuffixIndex
 from spec_fast.engine import SpeculativeDecoder
@@ -121,15 +122,27 @@ def test_a_running_batch_with_arrivals_and_departures_gets_the_same_outputs(monk
         assert counted.taken >= 10
 
 
+def rnn_drafter() -> HeadDrafter:
+    torch.manual_seed(4)
+    head = FeatureHead(HF_TARGET, "rnn", torch.arange(0, VOCAB, 2)).eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return HeadDrafter(head)
+
+
+@pytest.mark.parametrize("target", [HF_TARGET, LEAN_TARGET], ids=["hf", "lean"])
 @pytest.mark.parametrize("strategy,drafter", [("chain:3+adaptive", RETRIEVAL),
-                                              ("chain:2+adaptive", EarlyExitDrafter(HF_TARGET, 1))],
-                         ids=["retrieval", "early-exit"])
+                                              ("chain:2+adaptive", EarlyExitDrafter(HF_TARGET, 1)),
+                                              ("chain:3+adaptive", rnn_drafter())],
+                         ids=["retrieval", "early-exit", "rnn-head"])
 def test_plain_steps_of_a_drafting_decoder_keep_the_drafters_state(monkeypatch: pytest.MonkeyPatch, strategy: str,
-                                                                   drafter: Any) -> None:
-    """The drafters' pending tokens (retrieval absorbs them), the proposer's chain statistics and the depth
-    evidence after plain steps taken between drafted ones (``+adaptive``'s controller chooses the kind of
-    each step)."""
-    decoder = SpeculativeDecoder(HF_TARGET, drafter, parse_strategy(strategy))
+                                                                   drafter: Any, target: Any) -> None:
+    """The drafters' pending tokens (retrieval absorbs them), a trained head's features of the committed
+    entries (the plain step hands them over), the proposer's chain statistics and the depth evidence after
+    plain steps taken between drafted ones (``+adaptive``'s controller chooses the kind of each step)."""
+    if target is LEAN_TARGET and isinstance(drafter, EarlyExitDrafter):
+        pytest.skip("the early-exit drafter reads the HF target's layers")
+    decoder = SpeculativeDecoder(target, drafter, parse_strategy(strategy))
 
     def run() -> Any:
         # the controller chooses from measured step times, which the shortcut changes: here every third step
@@ -144,6 +157,9 @@ def test_plain_steps_of_a_drafting_decoder_keep_the_drafters_state(monkeypatch: 
     assert metrics_of(fast) == metrics_of(general)
     assert state_of(fast) == state_of(general)
     assert counted.taken >= 5 and sum(fast.metrics.depth_reached) >= 5  # plain and drafted steps both ran
+    if isinstance(drafter, HeadDrafter):
+        histories = [[rows.tolist() for rows in result.state.heads[0].state.history] for result in (fast, general)]
+        assert histories[0] == histories[1]
 
 
 def test_mixed_greedy_and_sampled_rows_take_the_general_step(monkeypatch: pytest.MonkeyPatch) -> None:
