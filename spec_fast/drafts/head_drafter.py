@@ -22,7 +22,7 @@ from spec_fast.drafts.model import Drafter
 from spec_fast.kv_cache import TreeKVCache
 
 if TYPE_CHECKING:
-    from spec_fast.drafts.heads import FeatureHead
+    from spec_fast.drafts.feature_head import FeatureHead
 
 __all__ = ["FeatureBlocks", "HeadDrafter", "HeadState", "path_depth"]
 
