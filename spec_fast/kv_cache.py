@@ -118,9 +118,8 @@ class TreeKVCache:
             # block depth = number of block ancestors (self excluded): the position offset below the context
             depths = self.ancestors[:, -num_query:, :].sum(dim=-1) - 1  # [B, Q]
         self.block_depths = torch.cat([self.block_depths, depths], dim=1)
-        step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
-        hidden_ok = not output_hidden_states or getattr(self.model, "returns_final_hidden_state", False)
-        if plain and chain and step is not None and hidden_ok and logits_to_keep == 0:
+        step = self._own_step(output_hidden_states)
+        if plain and chain and step is not None and logits_to_keep == 0:
             # a chain behind the context (a greedy chain's verification): the model's causal pass, with the
             # argmax of every entry where it computes one with the logits (``first_max``)
             with decode_attention_backends(tokens.device):
@@ -149,8 +148,8 @@ class TreeKVCache:
             self.commit(torch.zeros_like(tokens), torch.ones(batch, dtype=torch.long, device=self.device))
             return out
         # every row's context fills the physical slots: its entry lands right behind it, already in place
-        step = getattr(self.model, "forward_step", None)  # a model's own pass for this case (spec_fast.lean)
-        if step is not None and (not output_hidden_states or getattr(self.model, "returns_final_hidden_state", False)):
+        step = self._own_step(output_hidden_states)
+        if step is not None:
             with decode_attention_backends(tokens.device):
                 out = step(tokens, self.context_size, self.cache, output_hidden_states)
             self.passes += 1
@@ -159,6 +158,15 @@ class TreeKVCache:
         self.lengths = self.lengths + 1
         self.context_size += 1
         return out
+
+    def _own_step(self, output_hidden_states: bool) -> Any:
+        """The model's own pass for new tokens attending causally behind an unpadded context (``forward_step``,
+        spec_fast.lean), where it has one and can give the hidden states asked for (the final ones alone), else
+        None."""
+        step = getattr(self.model, "forward_step", None)
+        if output_hidden_states and not getattr(self.model, "returns_final_hidden_state", False):
+            return None
+        return step
 
     def _pass(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
               output_hidden_states: bool, logits_to_keep: int) -> Any:

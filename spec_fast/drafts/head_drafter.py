@@ -42,10 +42,10 @@ def path_depth(estimates: Sequence[float], path_acceptance: float) -> int:
 class FeatureBlocks:
     """The block bookkeeping of a head that attends to nothing (``rnn``), in place of a
     :class:`~spec_fast.kv_cache.TreeKVCache`: how many block entries this step appended and how many passes
-    ran. Its entries' features live in :attr:`HeadState.block_features`, so a commit only ends the block."""
+    ran. Its entries' features live in :attr:`HeadState.block_features`, so a commit only ends the block, and
+    rows leave or join without anything to move."""
 
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
+    def __init__(self) -> None:
         self.num_block = 0
         self.passes = 0
 
@@ -58,10 +58,10 @@ class FeatureBlocks:
         self.num_block = 0
 
     def take_rows(self, rows: list[int]) -> None:
-        self.batch_size = len(rows)
+        return None
 
     def append_rows(self, joining: FeatureBlocks) -> None:
-        self.batch_size += joining.batch_size
+        return None
 
 
 @dataclass
@@ -126,7 +126,7 @@ class HeadDrafter(Drafter):
     def begin(self, batch_size: int, device: torch.device) -> HeadState:
         dtype = next(self.head.parameters()).dtype
         zero = torch.zeros(1, self.hidden_size, dtype=dtype, device=device)
-        cache = FeatureBlocks(batch_size) if self.kind == "rnn" else TreeKVCache(self.head, batch_size, device)
+        cache = FeatureBlocks() if self.kind == "rnn" else TreeKVCache(self.head, batch_size, device)
         return HeadState(
             cache=cache,
             block_features=torch.zeros(batch_size, 0, self.hidden_size, dtype=dtype, device=device),
