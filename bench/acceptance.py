@@ -24,6 +24,7 @@ checked against plain decoding's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -55,6 +56,7 @@ DRAFTS = "retrieval,retrieval@0.5,retrieval@0.25,retrieval@0,rnn,rnn+retrieval,e
 STRATEGIES = "chain:1;chain:2;chain:4;chain:8;topk:2,2,4;topk:3,2,6;topk:4,3,10"
 SAMPLED_DRAFTS = "retrieval,rnn,rnn+retrieval,eagle+retrieval"
 SAMPLED_STRATEGIES = "chain:1;chain:2;chain:4"
+TITLE = "Tokens per target pass by draft and strategy, and the speedup they allow"
 
 
 def datastore_part(fraction: float, folder: str) -> str:
@@ -130,7 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=9, help="rounds of the pass-cost timing")
     parser.add_argument("--out", default=os.path.join("bench", "results", "acceptance"))
+    parser.add_argument("--report-from", default="",
+                        help="re-render the Markdown and plot of a JSON this script wrote (no decoding)")
     args = parser.parse_args(argv)
+    if args.report_from:
+        with open(args.report_from) as handle:
+            saved = json.load(handle)
+        saved_costs = {w: {int(q): ms for q, ms in c.items()} for w, c in saved["meta"]["pass_ms"].items()}
+        meta = {**saved["meta"], "report": f"re-rendered from {args.report_from} at {git_commit()} (no decoding)"}
+        write_results(args.out, "acceptance", TITLE, meta, saved["results"],
+                      table(saved["results"], saved_costs, saved["meta"]["bandwidth_floor"]),
+                      lambda plt: plot(plt, saved["results"]))
+        return 0
     workloads = [w for w in args.workloads.split(",") if w]
     if any(w not in HELDOUT for w in workloads) or args.prompts < 1 or args.max_new_tokens < 1:
         print(f"error: --workloads must name {sorted(HELDOUT)}, --prompts and --max-new-tokens >= 1",
@@ -193,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth_floor": floor,
         "greedy outputs equal to plain decoding's": all(r["greedy_equal_to_plain"] in (True, None) for r in rows),
     }
-    write_results(args.out, "acceptance", "Tokens per target pass by draft and strategy, and the speedup they allow",
-                  meta, rows, table(rows, costs, floor), lambda plt: plot(plt, rows))
+    write_results(args.out, "acceptance", TITLE, meta, rows, table(rows, costs, floor), lambda plt: plot(plt, rows))
     return 0
 
 
@@ -218,6 +230,14 @@ def table(rows: list[dict[str, Any]], costs: dict[str, dict[int, float]], floor:
         lines.append(f"- {key[0]}, T = {key[1]:g}: {best['draft']} {best['strategy']} {best['ceiling']:.2f}x "
                      f"({best['tokens_per_pass']:.2f} tokens per pass)"
                      + (f"; goal {best['goal']:.1f}x: {verdict}" if best["goal"] else ""))
+    lines += ["", "Where a pass over any of these widths costs what a one-token pass costs (about so on a GPU at this "
+              "model size: bench/results/gpu/h200/gpu_check.md), the ceiling is the tokens per pass itself; the "
+              "most per workload and temperature:", ""]
+    for key in sorted({(r["workload"], r["temperature"]) for r in rows}):
+        most = max((r for r in rows if (r["workload"], r["temperature"]) == key), key=lambda r: r["tokens_per_pass"])
+        lines.append(f"- {key[0]}, T = {key[1]:g}: {most['draft']} {most['strategy']} {most['tokens_per_pass']:.2f} tokens per pass"
+                     + (f" (goal {most['goal']:.1f}x: {'reached' if most['tokens_per_pass'] >= most['goal'] else 'missed'})"
+                        if most["goal"] else ""))
     widths = sorted({q for c in costs.values() for q in c})
     lines += ["", "Pass cost t(Q), ms, Q chained tokens behind the workload's mean context (median of the rounds):", "",
               "| workload | " + " | ".join(f"Q={q}" for q in widths) + " |", "|---|" + "---:|" * len(widths)]
