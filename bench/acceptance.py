@@ -43,7 +43,7 @@ from bench._native import bandwidth_floor  # noqa: E402
 from bench.defaults import cli_target  # noqa: E402
 from bench.workloads import HELDOUT  # noqa: E402
 from spec_fast.decoding import SamplingParams  # noqa: E402
-from spec_fast.drafts.heads import load_drafter  # noqa: E402
+from spec_fast.drafts.heads import DRAFTER_NAMES, load_drafter  # noqa: E402
 from spec_fast.drafts.retrieval import load_datastore, load_retrieval_drafter, save_datastore  # noqa: E402
 from spec_fast.engine.decoder import SpeculativeDecoder  # noqa: E402
 from spec_fast.kv_cache import TreeKVCache  # noqa: E402
@@ -69,14 +69,29 @@ def datastore_part(fraction: float, folder: str) -> str:
     return path
 
 
+def datastore_fraction(name: str) -> float | None:
+    """F of a draft named ``retrieval@F`` (0 <= F <= 1), None for a name ``load_drafter`` takes; ``ValueError``
+    for any other name."""
+    if "@" not in name:
+        if name not in DRAFTER_NAMES:
+            raise ValueError(f"draft must be one of {DRAFTER_NAMES} or retrieval@F, got {name!r}")
+        return None
+    base, _, fraction = name.partition("@")
+    try:
+        value = float(fraction)
+    except ValueError:
+        value = -1.0
+    if base != "retrieval" or not 0.0 <= value <= 1.0:
+        raise ValueError(f"a datastore fraction is retrieval@F with 0 <= F <= 1, got {name!r}")
+    return value
+
+
 def make_drafter(name: str, target: Any, hf_target: Any, folder: str) -> Any:
     """``name`` as ``load_drafter`` takes it, or ``retrieval@F``: retrieval over a fraction F of the datastore."""
-    if "@" in name:
-        base, fraction = name.split("@")
-        if base != "retrieval":
-            raise ValueError(f"only retrieval takes a datastore fraction, got {name!r}")
+    fraction = datastore_fraction(name)
+    if fraction is not None:
         vocab = int(target.get_output_embeddings().weight.shape[0])
-        return load_retrieval_drafter(vocab, datastore_part(float(fraction), folder))
+        return load_retrieval_drafter(vocab, datastore_part(fraction, folder))
     return load_drafter(name, hf_target, target_lm_head=target.get_output_embeddings())
 
 
@@ -136,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-render the Markdown and plot of a JSON this script wrote (no decoding)")
     args = parser.parse_args(argv)
     if args.report_from:
-        with open(args.report_from) as handle:
-            saved = json.load(handle)
+        try:
+            with open(args.report_from) as handle:
+                saved = json.load(handle)
+            if not {"pass_ms", "bandwidth_floor"} <= set(saved["meta"]) or not isinstance(saved["results"], list):
+                raise ValueError("its meta lacks pass_ms or bandwidth_floor, or it has no results")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"error: --report-from {args.report_from!r} is not a saved run of this script ({error})",
+                  file=sys.stderr)
+            return 2
         saved_costs = {w: {int(q): ms for q, ms in c.items()} for w, c in saved["meta"]["pass_ms"].items()}
         meta = {**saved["meta"], "report": f"re-rendered from {args.report_from} at {git_commit()} (no decoding)"}
         write_results(args.out, "acceptance", TITLE, meta, saved["results"],
@@ -154,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.temperature > 0:
             runs += [(d, s, args.temperature) for d in args.sampled_drafts.split(",") if d
                      for s in args.sampled_strategies.split(";") if s]
-        for _, strategy, _ in runs:
+        for draft, strategy, _ in runs:
+            datastore_fraction(draft)
             parse_strategy(strategy)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -174,11 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                            0.0, eos)
             found: dict[tuple[str, str, float], dict[str, Any]] = {}
             for draft, strategy, temperature in runs:
-                found[(draft, strategy, temperature)] = decode(
-                    SpeculativeDecoder(target, drafters[draft], parse_strategy(strategy)), prompts,
-                    args.max_new_tokens, temperature, eos)
-                print(f"{workload} {draft} {strategy} T={temperature}: "
-                      f"{found[(draft, strategy, temperature)]['tokens'] / found[(draft, strategy, temperature)]['passes']:.3f} "
+                run = decode(SpeculativeDecoder(target, drafters[draft], parse_strategy(strategy)), prompts,
+                             args.max_new_tokens, temperature, eos)
+                found[(draft, strategy, temperature)] = run
+                print(f"{workload} {draft} {strategy} T={temperature}: {run['tokens'] / run['passes']:.3f} "
                       f"tokens/pass ({time.perf_counter() - start:.0f}s)", file=sys.stderr, flush=True)
             widest = max([w for r in found.values() for w in r["widths"]] + [1])
             context = round(statistics.mean(len(p) for p in prompts) + args.max_new_tokens / 2)

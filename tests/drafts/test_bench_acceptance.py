@@ -60,7 +60,9 @@ def test_report_from_a_saved_run(tmp_path: os.PathLike[str]) -> None:
     assert "re-rendered from" in text and "| chat | 0 | narrow | chain:2 | 1.300 |" in text
 
 
-@pytest.mark.parametrize("args", [["--workloads", "poems"], ["--prompts", "0"], ["--strategies", "chain:x"]])
+@pytest.mark.parametrize("args", [["--workloads", "poems"], ["--prompts", "0"], ["--strategies", "chain:x"],
+                                  ["--drafts", "retrieval@2"], ["--drafts", "rnn@0.5"], ["--drafts", "medusa"],
+                                  ["--report-from", "/nonexistent/run.json"]])
 def test_user_mistakes_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert acceptance.main(args) == 2
     assert capsys.readouterr().err.startswith("error:")
