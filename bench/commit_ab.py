@@ -40,7 +40,8 @@ from spec_fast.decoding import SamplingParams
 from spec_fast.settings import resolve_settings
 settings = resolve_settings(**job["settings"])
 decoder = load_decoder(settings)[0]
-sampling = SamplingParams(temperature=job["temperature"], seed=job["seed"])
+sampling = SamplingParams(temperature=job["temperature"], top_k=job.get("top_k", 0), top_p=job.get("top_p", 1.0),
+                          seed=job["seed"])
 out = []
 with torch.no_grad():
     decoder.generate([job["prompts"][0]], max_new_tokens=8, sampling=sampling)
@@ -74,6 +75,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=0, help="sampled: keep the k most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampled: nucleus mass (1: off)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -81,6 +84,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.prompts < 1 or args.rounds < 1 or args.max_new_tokens < 2 or args.threads < 1:
         print("error: --prompts, --rounds and --threads must be >= 1, --max-new-tokens >= 2", file=sys.stderr)
+        return 2
+    if args.top_k < 0 or not 0.0 < args.top_p <= 1.0:
+        print(f"error: --top-k must be >= 0 and --top-p in (0, 1], got {args.top_k} and {args.top_p}",
+              file=sys.stderr)
         return 2
     from bench.workloads import HELDOUT
     from spec_fast.api import load_decoder
@@ -90,7 +97,7 @@ def main() -> int:
     if args.workload not in HELDOUT:
         print(f"error: --workload must be one of {', '.join(HELDOUT)}, got {args.workload!r}", file=sys.stderr)
         return 2
-    settings: dict[str, Any] = {"temperature": args.temperature}
+    settings: dict[str, Any] = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     if args.config == "plain":
         settings["draft"] = "none"
     tokenizer = load_decoder(resolve_settings(**settings))[1]
@@ -105,7 +112,8 @@ def main() -> int:
             job_path = os.path.join(scratch, "job.json")
             with open(job_path, "w") as handle:
                 json.dump({"threads": args.threads, "settings": settings, "temperature": args.temperature,
-                           "seed": 0, "max_new_tokens": args.max_new_tokens, "prompts": prompts}, handle)
+                           "top_k": args.top_k, "top_p": args.top_p, "seed": 0,
+                           "max_new_tokens": args.max_new_tokens, "prompts": prompts}, handle)
             sides = {"this checkout": ROOT, "baseline": base_root}
             runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in sides}
             loads = []
@@ -133,7 +141,9 @@ def main() -> int:
         "command": "python bench/commit_ab.py " + " ".join(sys.argv[1:]),
         "commit": here, "baseline": f"{args.baseline} ({base})",
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, {args.threads} torch thread(s)",
-        "decoding": f"{args.config} ({'greedy' if args.temperature == 0 else f'T={args.temperature}'}), "
+        "decoding": f"{args.config} ({'greedy' if args.temperature == 0 else f'T={args.temperature}'}"
+                    f"{f', top-k {args.top_k}' if args.top_k else ''}"
+                    f"{f', top-p {args.top_p}' if args.top_p < 1 else ''}), "
                     f"{args.prompts} prompts of the held-out {args.workload} workload, {args.max_new_tokens} "
                     "new tokens (EOS ends a reply), decode-only (after the first token)",
         "method": f"{args.rounds} rounds, one process per checkout and round, the order reversed every round; "

@@ -26,6 +26,9 @@ native_first_max: Callable[[Tensor], Tensor | None] | None = None
 #: one draw per row from ``softmax((logits - max) / T)`` in one native sweep, or None where the library is not
 #: loaded or the logits do not suit it.
 native_tempered_draw: Callable[[Tensor, Tensor, Tensor], Tensor | None] | None = None
+#: And ``(logits [R, V], temperature [R], top_k [R], top_p [R], uniforms [R])`` -> one draw per row from G with
+#: top-k and top-p, ordering only the tokens the cuts need, or None where the library is not loaded.
+native_filtered_draw: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor | None] | None = None
 #: And ``(logits [R, N, V], temperature [R], child [R, N], draft_probs [R, N, V], u0 [R, N], u1 [R, N])`` -> each
 #: row's stop slot and next token: the naive verification of chains against the tempered softmax, or None.
 native_naive_chain: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor] | None] | None \

@@ -236,14 +236,36 @@ def draw_plain(logits: torch.Tensor, samplings: Sequence[SamplingParams], unifor
     (no top-k below V, no top-p) and the logits are CPU float32 rows, the native library's one sweep
     (:func:`spec_fast.lean.row_ops.tempered_draw`, the same law up to float rounding) where it is loaded; G
     and the draw over ``[R, V]`` tensors cost ~0.7 ms of a plain step on one thread, the sweep ~0.1 ms.
-    The plain step and :func:`verify_rows`' plain rows both draw here, so they give the same token."""
+    Sampled CPU float32 rows with top-k or top-p take the native filtered draw
+    (:func:`spec_fast.lean.row_ops.filtered_draw`, G's law up to float rounding): G sorts the whole
+    vocabulary, which cost a plain step ~5 ms on one thread. The plain step and :func:`verify_rows`' plain
+    rows both draw here, so they give the same token."""
     native_draw = _sampling.native_tempered_draw
     temperature = _native_temperatures(samplings, logits)
     if native_draw is not None and temperature is not None:
         drawn = native_draw(logits, temperature, uniforms.to(torch.float32).contiguous())
         if drawn is not None:
             return drawn
+    filtered_draw = _sampling.native_filtered_draw
+    cuts = _native_cuts(samplings, logits) if filtered_draw is not None else None
+    if filtered_draw is not None and cuts is not None:
+        drawn = filtered_draw(logits, *cuts, uniforms.to(torch.float32).contiguous())
+        if drawn is not None:
+            return drawn
     return _inverse_cdf(target_probs(logits, samplings), uniforms)
+
+
+def _native_cuts(samplings: Sequence[SamplingParams], logits: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(temperature [R] float32, top_k [R] int64, top_p [R] float64)`` for the native filtered draw: CPU
+    float32 ``logits [R, V]`` and every row sampling (T > 0); else None. ``top_p`` is rounded to float32 first,
+    as G's ``[B]`` parameter tensor holds it."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or not all(s.temperature > 0 for s in samplings):
+        return None
+    temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
+    top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.int64)
+    top_p = torch.tensor([s.top_p for s in samplings], dtype=torch.float32).double()
+    return temperature.clamp_min(torch.finfo(torch.float32).tiny), top_k, top_p
 
 
 def _root_only(token: torch.Tensor, max_depth: int) -> Verified:

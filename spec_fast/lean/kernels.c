@@ -21,6 +21,7 @@
  * built by spec_fast/lean/native.py with the machine's C compiler (-O3 -march=native, fused multiply-add
  * allowed) and loaded with ctypes; nothing here depends on Python or torch.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -244,6 +245,212 @@ void spec_fast_tempered_draw(const float *x, int64_t rows, int64_t size, int64_t
     }
 }
 
+/* G's order of a row's tokens for top-k and top-p: the larger logit first, the smaller id among equal
+ * logits (torch's stable descending sort); a NaN logit counts as -inf. Token i's place in that order is the
+ * unsigned 64-bit key (descending-logit bits << 32) | i, so the order is the keys' and every comparison below
+ * is one integer comparison. */
+static inline uint64_t order_key(const float *row, int64_t i) {
+    float v = row[i];
+    if (v != v) v = -INFINITY;
+    if (v == 0.0f) v = 0.0f; /* -0 ties +0, as the logits compare */
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u; /* ascending with the float */
+    return ((uint64_t)~bits << 32) | (uint64_t)(uint32_t)i;
+}
+
+static inline int64_t key_id(uint64_t key) { return (int64_t)(key & 0xffffffffu); }
+
+static inline void swap_keys(uint64_t *keys, int64_t i, int64_t j) {
+    const uint64_t t = keys[i];
+    keys[i] = keys[j];
+    keys[j] = t;
+}
+
+/* Lomuto partition of keys[lo, hi) around the median of its first, middle and last keys: returns the
+ * pivot's final place, the smaller keys left of it. */
+static int64_t partition_keys(uint64_t *keys, int64_t lo, int64_t hi) {
+    const int64_t a = lo, b = lo + (hi - lo) / 2, c = hi - 1;
+    int64_t m;
+    if (keys[a] < keys[b]) m = keys[b] < keys[c] ? b : (keys[a] < keys[c] ? c : a);
+    else m = keys[a] < keys[c] ? a : (keys[b] < keys[c] ? c : b);
+    swap_keys(keys, m, hi - 1);
+    const uint64_t pivot = keys[hi - 1];
+    int64_t store = lo;
+    for (int64_t i = lo; i < hi - 1; ++i)
+        if (keys[i] < pivot) swap_keys(keys, i, store++);
+    swap_keys(keys, store, hi - 1);
+    return store;
+}
+
+/* Rearranges keys[lo, hi) so that keys[lo, nth] are its nth - lo + 1 smallest (quickselect). */
+static void select_first(uint64_t *keys, int64_t lo, int64_t hi, int64_t nth) {
+    while (hi - lo > 1) {
+        const int64_t at = partition_keys(keys, lo, hi);
+        if (at == nth) return;
+        if (nth < at) hi = at;
+        else lo = at + 1;
+    }
+}
+
+/* Sorts keys[lo, hi) ascending. */
+static void sort_keys(uint64_t *keys, int64_t lo, int64_t hi) {
+    while (hi - lo > 16) {
+        const int64_t at = partition_keys(keys, lo, hi);
+        if (at - lo < hi - at) { /* the smaller side by recursion: the depth stays logarithmic */
+            sort_keys(keys, lo, at);
+            lo = at + 1;
+        } else {
+            sort_keys(keys, at + 1, hi);
+            hi = at;
+        }
+    }
+    for (int64_t i = lo + 1; i < hi; ++i)
+        for (int64_t j = i; j > lo && keys[j] < keys[j - 1]; --j) swap_keys(keys, j, j - 1);
+}
+
+/* Restores the max-heap keys[0, n) below position i (its root: the heap's last token in G's order). */
+static void heap_down(uint64_t *keys, int64_t n, int64_t i) {
+    for (;;) {
+        const int64_t left = 2 * i + 1, right = left + 1;
+        int64_t larger = i;
+        if (left < n && keys[larger] < keys[left]) larger = left;
+        if (right < n && keys[larger] < keys[right]) larger = right;
+        if (larger == i) return;
+        swap_keys(keys, i, larger);
+        i = larger;
+    }
+}
+
+/* The keys of a row's first k tokens in G's order into keys[0, k) (1 <= k < size), then of every further
+ * token whose logit equals the k-th's (top-k keeps ties); returns their count. A small k keeps a heap of k
+ * over one sweep; from size / 16 on, where the heap would be replaced too often, a quickselect. */
+static int64_t top_k_keys(const float *row, int64_t size, int64_t k, uint64_t *keys) {
+    uint64_t kth;
+    if (k > size / 16) {
+        for (int64_t i = 0; i < size; ++i) keys[i] = order_key(row, i);
+        select_first(keys, 0, size, k - 1);
+        kth = keys[k - 1];
+    } else {
+        for (int64_t i = 0; i < k; ++i) keys[i] = order_key(row, i);
+        for (int64_t i = k / 2 - 1; i >= 0; --i) heap_down(keys, k, i);
+        float root = row[key_id(keys[0])];
+        for (int64_t i = k; i < size; ++i) {
+            if (row[i] < root) continue; /* after the root in G's order: most tokens stop here */
+            const uint64_t key = order_key(row, i);
+            if (key < keys[0]) {
+                keys[0] = key;
+                heap_down(keys, k, 0);
+                root = row[key_id(keys[0])];
+            }
+        }
+        kth = keys[0];
+    }
+    int64_t count = k;
+    /* ties: the same logit bits, a larger id (those before the k-th in G's order are among the k already) */
+    const float kth_logit = row[key_id(kth)];
+    for (int64_t i = key_id(kth) + 1; i < size; ++i)
+        if ((row[i] == kth_logit || row[i] != row[i]) && order_key(row, i) >> 32 == kth >> 32)
+            keys[count++] = order_key(row, i);
+    return count;
+}
+
+/* One draw per row from G with top-k and top-p (decoding_operator's law): the tempered weights of
+ * spec_fast_tempered_draw, cut to the tokens whose logit is at least the top_k-th largest (1 <= top_k < size;
+ * every tie of it kept), then to the first tokens in G's order whose preceding mass among those is below
+ * top_p of their total (top_p < 1), and the smallest index whose running sum over the kept weights (float64,
+ * in index order) exceeds u times their total. Only the candidates the cuts need are ordered: top-k keeps a
+ * heap of k tokens over one sweep (or a quickselect for a large k); top-p first drops every token whose logit
+ * lies so far below the maximum that all of them together weigh less than a quarter of 1 - top_p of the
+ * total (they are cut whatever their order: the tokens above them already hold more than top_p of the mass),
+ * then orders the first 64, 256, 1024, ... of the rest in turn until the mass is reached. The law is G's up
+ * to float rounding (the weights, and the top-p boundary, are computed as spec_fast_tempered_draw computes
+ * them); rows without either cut draw exactly as spec_fast_tempered_draw does. A row without positive weight
+ * gives its first maximum. `weights` holds `size` floats, `keys` `size` 64-bit integers; size < 2^32. */
+void spec_fast_filtered_draw(const float *x, int64_t rows, int64_t size, int64_t ldx, const float *temperature,
+                             const int64_t *top_k, const double *top_p, const float *u, float *weights,
+                             uint64_t *keys, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * ldx;
+        int64_t first_max = 0;
+        double total = tempered_weights(row, size, temperature[r], weights, &first_max);
+        if (!(total > 0.0 && total - total == 0.0)) {
+            out[r] = first_max;
+            continue;
+        }
+        const int cut_k = top_k[r] >= 1 && top_k[r] < size, cut_p = top_p[r] < 1.0;
+        if (!cut_k && !cut_p) {
+            out[r] = running_draw(weights, size, total, u[r]);
+            continue;
+        }
+        int64_t count = 0;
+        if (cut_k) {
+            count = top_k_keys(row, size, top_k[r], keys);
+            total = 0.0; /* the mass top-p divides: the top-k tokens' */
+            for (int64_t i = 0; i < count; ++i) total += (double)weights[key_id(keys[i])];
+        } else {
+            /* a logit below `lowest` weighs at most e^((lowest - max) / T) = (1 - top_p) total / (4 size) (< 1, the
+             * maximum's weight: total <= size), so all of them weigh less than (1 - top_p) total / 4: every token
+             * at or above it comes before them, and those already hold more than top_p of the mass */
+            const double spread = (double)temperature[r] * log((1.0 - top_p[r]) * total / (4.0 * (double)size));
+            const float lowest = nextafterf((float)((double)row[first_max] + spread), -INFINITY);
+            for (int64_t i = 0; i < size; ++i)
+                if (row[i] >= lowest) keys[count++] = order_key(row, i); /* a NaN is left out: it weighs 0 */
+        }
+        int64_t kept = count;
+        if (cut_p) {
+            const double limit = top_p[r] * total;
+            double before = 0.0;
+            int64_t lo = 0, chunk = 64;
+            while (lo < count && kept == count) {
+                const int64_t hi = count - lo > chunk ? lo + chunk : count;
+                if (hi < count) select_first(keys, lo, count, hi - 1);
+                sort_keys(keys, lo, hi);
+                for (int64_t i = lo; i < hi; ++i) {
+                    if (before >= limit) {
+                        kept = i; /* >= 1: the first token's preceding mass is 0 */
+                        break;
+                    }
+                    before += (double)weights[key_id(keys[i])];
+                }
+                lo = hi;
+                chunk *= 4;
+            }
+        }
+        if (kept < 1) { /* no logit at or above `lowest`: a NaN maximum */
+            out[r] = first_max;
+            continue;
+        }
+        if (kept > size / 16) { /* many kept: zero the others' weights and draw over the row, not a sort */
+            uint64_t last = keys[0];
+            for (int64_t i = 1; i < kept; ++i) last = keys[i] > last ? keys[i] : last;
+            for (int64_t i = 0; i < size; ++i)
+                if (order_key(row, i) > last) weights[i] = 0.0f;
+            double sum = 0.0;
+            for (int64_t i = 0; i < size; ++i) sum += (double)weights[i];
+            out[r] = running_draw(weights, size, sum, u[r]);
+            continue;
+        }
+        /* the kept tokens in index order: the running sum of spec_fast_tempered_draw over their weights alone */
+        for (int64_t i = 0; i < kept; ++i) keys[i] &= 0xffffffffu;
+        sort_keys(keys, 0, kept);
+        double mass = 0.0;
+        for (int64_t i = 0; i < kept; ++i) mass += (double)weights[keys[i]];
+        const double threshold = (double)u[r] * mass;
+        double running = 0.0;
+        int64_t pick = key_id(keys[0]);
+        for (int64_t i = 0; i < kept; ++i) {
+            const float w = weights[keys[i]];
+            if (w > 0.0f) {
+                pick = key_id(keys[i]);
+                running += (double)w;
+                if (running > threshold) break;
+            }
+        }
+        out[r] = pick;
+    }
+}
+
 /* p = w / total in float32 for rows of logits [rows, size] as spec_fast_naive_chain computes it (zeros where
  * the row has no positive weight). */
 void spec_fast_tempered_probs(const float *x, int64_t rows, int64_t size, int64_t ldx, const float *temperature,
@@ -306,4 +513,4 @@ void spec_fast_naive_chain(const float *x, int64_t rows, int64_t slots, int64_t 
 }
 
 /* The version of this file's interface; native.py refuses a library that reports another. */
-int64_t spec_fast_kernels_version(void) { return 15; }
+int64_t spec_fast_kernels_version(void) { return 16; }

@@ -44,7 +44,7 @@ __all__ = ["BLOCK", "BLOCK_KINDS", "CACHE_DTYPES", "CacheBuffers", "GROUP", "LAY
            "mm_float32", "move_entries", "pack_blocks", "pack_float32", "run_layer", "run_layers", "select_outputs",
            "unavailable_reason", "unpack_blocks", "unpack_float32", "using"]
 
-_VERSION = 15
+_VERSION = 16
 #: -ffp-contract=fast lets every multiply-add be one fused instruction (the same in every row of a batch)
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC")
 _SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -190,6 +190,7 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
             "rms_norm": ([ptr, i64, i64, ptr, float64, ptr], None), "first_max": ([ptr, i64, i64, i64, ptr], None),
             "tempered_draw": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr], None),
             "tempered_probs": ([ptr, i64, i64, i64, ptr, ptr], None),
+            "filtered_draw": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr], None),
             "naive_chain": ([ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr], None),
             "move_entries": ([i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64], i64),
             "round_half": ([ptr, i64, ptr], None),

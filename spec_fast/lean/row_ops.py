@@ -13,7 +13,8 @@ import torch
 from spec_fast import _sampling
 from spec_fast.lean import native
 
-__all__ = ["first_max_index", "rms_norm", "round_half", "tempered_draw", "tempered_probs", "naive_chain"]
+__all__ = ["first_max_index", "rms_norm", "round_half", "tempered_draw", "filtered_draw", "tempered_probs",
+           "naive_chain"]
 
 
 def first_max_index(values: torch.Tensor) -> torch.Tensor:
@@ -98,6 +99,41 @@ def tempered_draw(logits: torch.Tensor, temperature: torch.Tensor, uniforms: tor
     return out
 
 
+def filtered_draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  uniforms: torch.Tensor) -> torch.Tensor:
+    """``logits [R, V]`` float32 on the CPU (rows of unit stride), ``temperature [R]`` float32 (> 0), ``top_k
+    [R]`` int64 (0 or >= V: off), ``top_p [R]`` float64 in (0, 1] (1: off) and ``uniforms [R]`` float32 in
+    [0, 1) -> ``[R]`` int64: one draw per row from G, the tempered softmax cut by top-k and then top-p
+    (``spec_fast_filtered_draw`` in ``kernels.c``: G's law up to float rounding, ordering only the tokens the
+    cuts need; rows without either cut draw exactly as :func:`tempered_draw`)."""
+    lib = native._library()
+    assert lib is not None
+    rows, size = _rows("logits", logits, 2)
+    native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
+    native._check("top_k", top_k, torch.int64, 1, contiguous=True, shape=(rows,))
+    native._check("top_p", top_p, torch.float64, 1, contiguous=True, shape=(rows,))
+    native._check("uniforms", uniforms, torch.float32, 1, contiguous=True, shape=(rows,))
+    wrong = (~((top_p > 0) & (top_p <= 1))).nonzero()
+    if wrong.shape[0]:  # NaN fails both
+        raise ValueError(f"top_p must lie in (0, 1], got top_p[{int(wrong[0])}]={float(top_p[int(wrong[0])])!r}")
+    out = torch.empty(rows, dtype=torch.int64)
+    if rows > 0:
+        weights = torch.empty(size, dtype=torch.float32)
+        keys = torch.empty(size, dtype=torch.int64)  # uint64 keys to the C code
+        lib.spec_fast_filtered_draw(logits.data_ptr(), rows, size, int(logits.stride(0)), temperature.data_ptr(),
+                                    top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), weights.data_ptr(),
+                                    keys.data_ptr(), out.data_ptr())
+    return out
+
+
+def _filtered_draw_where_loaded(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                                top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | None:
+    """:func:`filtered_draw` where the library is loaded already and ``logits`` suit it, else None."""
+    if native._STATE.get("lib") is None or logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        return None
+    return filtered_draw(logits, temperature, top_k, top_p, uniforms)
+
+
 def _rows(name: str, values: torch.Tensor, dims: int) -> tuple[int, ...]:
     """The shape of float32 ``values`` with ``dims`` dimensions whose last has unit stride (``V >= 1``)."""
     native._check(name, values, torch.float32, dims)
@@ -162,4 +198,5 @@ def _naive_chain_where_loaded(logits: torch.Tensor, temperature: torch.Tensor, c
 
 
 _sampling.native_tempered_draw = _tempered_draw_where_loaded
+_sampling.native_filtered_draw = _filtered_draw_where_loaded
 _sampling.native_naive_chain = _naive_chain_where_loaded

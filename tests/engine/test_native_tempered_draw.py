@@ -8,9 +8,10 @@
   gives its first maximum; rows of other strides and temperatures are drawn independently;
 * against torch's G and inverse-CDF draw it picks the same token but where a uniform sits within float
   rounding of a boundary;
-* ``draw_plain`` takes it only for unfiltered sampled CPU float32 rows where the library is loaded, and is
-  torch's draw otherwise (top-k, top-p, without the library), so plain steps and the general step's plain
-  rows draw alike (tests/engine/test_plain_step.py runs both).
+* ``draw_plain`` takes it only for unfiltered sampled CPU float32 rows where the library is loaded (top-k and
+  top-p rows take the filtered draw, tests/engine/test_native_filtered_draw.py) and is torch's draw without
+  the library, so plain steps and the general step's plain rows draw alike (tests/engine/test_plain_step.py
+  runs both).
 """
 
 from __future__ import annotations
@@ -119,10 +120,12 @@ def test_draw_plain_takes_the_sweep_only_for_unfiltered_cpu_rows(monkeypatch: py
     plain = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.2), SamplingParams(temperature=0.01)]
     expected = row_ops.tempered_draw(logits, torch.tensor([0.7, 1.2, 0.01]), uniforms)
     assert torch.equal(draw_plain(logits, plain, uniforms), expected) and len(calls) == 1
-    for filtered in ([SamplingParams(temperature=0.7, top_k=20)] * 3, [SamplingParams(temperature=0.7, top_p=0.9)] * 3):
-        torch_draw = _inverse_cdf(target_probs(logits, filtered), uniforms)
-        assert torch.equal(draw_plain(logits, filtered, uniforms), torch_draw)
-    assert len(calls) == 1  # top-k and top-p rows take torch's G and draw
+    for filtered, k, p in (([SamplingParams(temperature=0.7, top_k=20)] * 3, 20, 1.0),
+                           ([SamplingParams(temperature=0.7, top_p=0.9)] * 3, 0, 0.9)):
+        native_filtered = row_ops.filtered_draw(logits, torch.full((3,), 0.7), torch.full((3,), k),
+                                                torch.full((3,), p, dtype=torch.float32).double(), uniforms)
+        assert torch.equal(draw_plain(logits, filtered, uniforms), native_filtered)
+    assert len(calls) == 1  # top-k and top-p rows take the filtered draw (tests/engine/test_native_filtered_draw.py)
     assert torch.equal(draw_plain(logits, [SamplingParams(temperature=0.7, top_k=500)] * 3, uniforms),
                        row_ops.tempered_draw(logits, torch.full((3,), 0.7), uniforms))  # top-k = V cuts nothing
     with native.disabled():
