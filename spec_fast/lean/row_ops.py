@@ -109,6 +109,8 @@ def filtered_draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     lib = native._library()
     assert lib is not None
     rows, size = _rows("logits", logits, 2)
+    if size >= 2**32:  # the C code keeps a token's id in 32 bits of its sort key
+        raise ValueError(f"logits must have fewer than 2**32 values a row, got {size}")
     native._check("temperature", temperature, torch.float32, 1, contiguous=True, shape=(rows,))
     native._check("top_k", top_k, torch.int64, 1, contiguous=True, shape=(rows,))
     native._check("top_p", top_p, torch.float64, 1, contiguous=True, shape=(rows,))
