@@ -28,6 +28,7 @@ from spec_fast.decoding import SamplingParams
 from spec_fast.engine.step_verify import draw_plain, target_probs
 from spec_fast.lean import native, row_ops
 from tests.engine.test_native_boundary import portable  # noqa: F401  (the fixture)
+from tests.engine.test_native_tempered_draw import counted_hook
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
 
@@ -169,15 +170,7 @@ def test_the_draw_refuses_what_it_cannot_read() -> None:
 
 
 def test_draw_plain_takes_it_for_filtered_cpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    sweep = _sampling.native_filtered_draw
-    assert sweep is not None
-
-    def counted(*args: Any) -> Any:
-        calls.append(1)
-        return sweep(*args)
-
-    monkeypatch.setattr(_sampling, "native_filtered_draw", counted)
+    calls = counted_hook(monkeypatch, "native_filtered_draw")
     logits = 3 * torch.randn(3, 500, generator=torch.Generator().manual_seed(4))
     uniforms = torch.tensor([0.1, 0.5, 0.9])
     mixed = [SamplingParams(temperature=0.7, top_k=20), SamplingParams(temperature=1.2, top_p=0.9),

@@ -105,16 +105,22 @@ def test_the_same_token_as_torchs_draw_but_within_rounding_of_a_boundary() -> No
             assert abs(u * float(cumulative[-1]) - boundary) < 1e-5
 
 
-def test_draw_plain_takes_the_sweep_only_for_unfiltered_cpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+def counted_hook(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Wraps the native hook ``spec_fast._sampling.<name>`` so that each call appends to the list returned."""
     calls: list[int] = []
-    sweep = _sampling.native_tempered_draw
-    assert sweep is not None
+    hook = getattr(_sampling, name)
+    assert hook is not None
 
     def counted(*args: Any) -> Any:
         calls.append(1)
-        return sweep(*args)
+        return hook(*args)
 
-    monkeypatch.setattr(_sampling, "native_tempered_draw", counted)
+    monkeypatch.setattr(_sampling, name, counted)
+    return calls
+
+
+def test_draw_plain_takes_the_sweep_only_for_unfiltered_cpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = counted_hook(monkeypatch, "native_tempered_draw")
     logits = 3 * torch.randn(3, 500, generator=torch.Generator().manual_seed(4))
     uniforms = torch.tensor([0.1, 0.5, 0.9])
     plain = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.2), SamplingParams(temperature=0.01)]
