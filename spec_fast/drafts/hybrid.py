@@ -3,15 +3,15 @@ where its match is long enough, the model's law elsewhere."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.head_drafter import path_depth
+from spec_fast.drafts.model import Drafter
 from spec_fast.drafts.retrieval import RetrievalDrafter, RetrievalState
 
 __all__ = ["HybridDrafter", "HybridState"]

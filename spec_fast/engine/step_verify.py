@@ -86,6 +86,11 @@ def _native_temperatures(samplings: Sequence[SamplingParams], logits: torch.Tens
     if (logits.device.type != "cpu" or logits.dtype != torch.float32
             or not all(s.temperature > 0 and not 0 < s.top_k < vocab and s.top_p >= 1.0 for s in samplings)):
         return None
+    return _clamped_temperatures(samplings)
+
+
+def _clamped_temperatures(samplings: Sequence[SamplingParams]) -> torch.Tensor:
+    """``[R]`` float32 temperatures, clamped to float32's smallest normal as G clamps them."""
     temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
     return temperature.clamp_min(torch.finfo(torch.float32).tiny)
 
@@ -262,10 +267,9 @@ def _native_cuts(samplings: Sequence[SamplingParams], logits: torch.Tensor
     as G's ``[B]`` parameter tensor holds it."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not all(s.temperature > 0 for s in samplings):
         return None
-    temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32)
     top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.int64)
     top_p = torch.tensor([s.top_p for s in samplings], dtype=torch.float32).double()
-    return temperature.clamp_min(torch.finfo(torch.float32).tiny), top_k, top_p
+    return _clamped_temperatures(samplings), top_k, top_p
 
 
 def _root_only(token: torch.Tensor, max_depth: int) -> Verified:
